@@ -1,0 +1,338 @@
+"""The engine: a loaded DualAR model, its slot-indexed KV caches and per-slot sampling state, and the two operations
+the scheduler needs — prefill a slot, and one batched decode step over any set of slots.
+
+Per-slot state lives in preallocated device tensors indexed by slot (`SlotState`); a reused slot is reset by mask.
+One extra slot (`scratch_slot`, the last row) absorbs the padded rows of a fixed-size batch, so CUDA-graph replays
+never touch a live stream. `decode_step` reads only device tensors and does no host synchronisation: the next inputs
+are the columns the previous step wrote into `state.last_col`.
+
+Frame bookkeeping follows the reference: frame 0 of a turn is sampled from the prefill's last position (no RAS, no
+repetition penalty, its token is never checked for `<|im_end|>`); each decode step feeds the previous frame's column
+and samples the next frame. A turn's kept codes are every sampled frame but the last (the `<|im_end|>` frame, or the
+frame that hit the cap), and exactly those are in the KV cache when the turn ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import torch
+
+from rtts.engine import sampling
+from rtts.engine.rng import exponential_noise
+from rtts.model.dual_ar import DualARTransformer
+from rtts.model.kv_cache import FastKVCache, SlotKVCache
+from rtts.model.loading import LoadedModel
+from rtts.model.rope import rope_table
+from rtts.types import FinishReason, SamplingParams
+
+# seeds [B], counters [B], draw id, vocabulary ids [n] -> Exp(1) noise [B, n]
+NoiseFn = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], torch.Tensor]
+TraceFn = Callable[[str, torch.Tensor], None]
+
+RAS_WINDOW = 10  # S2: last 10 main tokens
+PENALTY_WINDOW = 16  # S1: last 16 frames
+S1_FAST_VOCAB = 1024  # S1 cuts the fast logits to the first 1024 before the penalty
+RAS_TEMPERATURE, RAS_TOP_P = 1.0, 0.9
+DRAW_MAIN, DRAW_RAS = 0, 1  # draw ids 2.. are the fast codebooks
+
+
+@dataclass
+class SlotState:
+    """Device tensors, leading dim = max_slots + 1 (the last row is the scratch slot). Written only by the engine."""
+
+    pos: torch.Tensor  # [S] int64: KV length = position the next fed column goes to
+    last_col: torch.Tensor  # [S, rows] int64: the newest sampled column (fed by the next decode step)
+    frame: torch.Tensor  # [S] int64: frames sampled in the current turn
+    max_frames: torch.Tensor  # [S] int64
+    counter: torch.Tensor  # [S] int64: RNG step counter, never reset within a stream
+    seed: torch.Tensor  # [S] int64
+    temperature: torch.Tensor  # [S] float32 (already rounded to the reference's parameter dtype)
+    top_p: torch.Tensor  # [S] float32
+    top_k: torch.Tensor  # [S] int64 (a huge value = no top-k)
+    penalty: torch.Tensor  # [S] float32 (S1)
+    ras_on: torch.Tensor  # [S] bool (S2)
+    window: torch.Tensor  # [S, 10] int64 (S2 RAS): last main tokens of decode steps, zeros first
+    ring: torch.Tensor  # [S, 16, rows] int64 (S1 penalty): columns of decode frames at (frame - 1) % 16
+    ring_n: torch.Tensor  # [S] int64 (S1): decode frames written into the ring
+    finish: torch.Tensor  # [S] int8 FinishReason of the newest frame
+
+    @classmethod
+    def allocate(cls, slots: int, rows: int, device: torch.device) -> SlotState:
+        def z(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        return cls(
+            pos=z(slots), last_col=z(slots, rows), frame=z(slots), max_frames=z(slots), counter=z(slots),
+            seed=z(slots), temperature=z(slots, dtype=torch.float32), top_p=z(slots, dtype=torch.float32),
+            top_k=z(slots), penalty=z(slots, dtype=torch.float32), ras_on=z(slots, dtype=torch.bool),
+            window=z(slots, RAS_WINDOW), ring=z(slots, PENALTY_WINDOW, rows), ring_n=z(slots),
+            finish=z(slots, dtype=torch.int8),
+        )
+
+    def reset(self, mask: torch.Tensor) -> None:
+        """Zero every field of the slots in `mask` ([S] bool), in place."""
+        for f in fields(self):
+            t: torch.Tensor = getattr(self, f.name)
+            t[mask] = 0
+
+
+class ContextFullError(RuntimeError):
+    """A prefill would not fit in the slot's KV context."""
+
+
+class Engine:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        max_slots: int = 1,
+        max_ctx: int | None = None,
+        prefill_chunk: int = 512,
+        residual_limit: int | None = None,
+    ) -> None:
+        """
+        max_ctx: KV positions per slot (default: the model's max_seq_len, capped at 4096).
+        residual_limit: if set, restrict codebooks 1.. to ids < residual_limit (the codec's residual codebook size).
+            Off by default: the S2 reference samples all ids and lets the codec clamp.
+        """
+        self.loaded = loaded
+        self.model: DualARTransformer = loaded.model
+        self.config = cfg = loaded.config
+        self.tokenizer = loaded.tokenizer
+        w = self.model.embeddings.weight
+        self.device, self.dtype = w.device, w.dtype
+        self.format = cfg.format
+        self.max_slots = max_slots
+        self.scratch_slot = max_slots
+        self.max_ctx = max_ctx or min(cfg.max_seq_len, 4096)
+        self.prefill_chunk = prefill_chunk
+        self.rows = cfg.rows
+        self.sem_begin = self.tokenizer.semantic_begin_id
+        self.sem_end = self.tokenizer.semantic_end_id
+        self.im_end = self.tokenizer.im_end_id
+
+        dev = self.device
+        self.kv = SlotKVCache.allocate(cfg.n_layer, max_slots + 1, self.max_ctx, cfg.n_local_heads, cfg.head_dim,
+                                       self.dtype, dev)
+        # Separate fast caches for the decode batch and for prefill, so the two threads never share one.
+        self.fast_kv = FastKVCache.allocate(cfg.n_fast_layer, max_slots + 1, cfg.num_codebooks,
+                                            cfg.fast_n_local_heads, cfg.fast_head_dim, self.dtype, dev)
+        self.fast_kv_prefill = FastKVCache.allocate(cfg.n_fast_layer, 1, cfg.num_codebooks,
+                                                    cfg.fast_n_local_heads, cfg.fast_head_dim, self.dtype, dev)
+        self.state = SlotState.allocate(max_slots + 1, self.rows, dev)
+        self.rope = rope_table(self.max_ctx, cfg.head_dim, cfg.rope_base, dev)
+        self.fast_rope = rope_table(cfg.num_codebooks, cfg.fast_head_dim, cfg.rope_base, dev)
+        self.fast_positions = torch.arange(cfg.num_codebooks, device=dev)
+        self.fast_rows = torch.arange(max_slots + 1, device=dev)
+
+        # Main-token candidates. S2: the semantic ids + <|im_end|> (everything else is masked to -inf by the
+        # reference, so sampling over this subset is the same math with a 38x smaller sort).
+        if self.format == "s2":
+            self.main_ids = torch.cat([torch.arange(self.sem_begin, self.sem_end + 1, device=dev),
+                                       torch.tensor([self.im_end], device=dev)])
+            self.main_weight = self.model.head_weight()[self.main_ids].contiguous()
+        else:
+            self.main_ids = torch.arange(cfg.vocab_size, device=dev)
+            self.main_weight = self.model.head_weight()
+        fast_vocab = cfg.codebook_size
+        if self.format == "s1":
+            fast_vocab = min(fast_vocab, S1_FAST_VOCAB)
+        if residual_limit is not None:
+            fast_vocab = min(fast_vocab, residual_limit)
+        self.fast_vocab = fast_vocab
+        self.fast_ids = torch.arange(fast_vocab, device=dev)
+        # S2 rounds temperature/top_p to the model dtype (bf16 in a bf16 run); S1 keeps float32.
+        self.param_dtype = self.dtype if self.format == "s2" else torch.float32
+        self.ras_temperature = self._round(RAS_TEMPERATURE)
+        self.ras_top_p = self._round(RAS_TOP_P)
+
+        self.noise: NoiseFn = exponential_noise
+        self.trace: TraceFn | None = None  # debugging/test hook: receives intermediate tensors
+        self.host_pos = [0] * (max_slots + 1)  # host mirror of state.pos, advanced by prefill() and decode()
+
+    # ------------------------------------------------------------------ slot lifecycle
+
+    def _round(self, v: float) -> float:
+        return float(torch.tensor(v, dtype=self.param_dtype).float())
+
+    def reset_slot(self, slot: int) -> None:
+        """Forget everything about a slot (a new stream takes it). KV needs no clearing: reads stop at `pos`."""
+        mask = torch.zeros(self.max_slots + 1, dtype=torch.bool, device=self.device)
+        mask[slot] = True
+        self.state.reset(mask)
+        self.host_pos[slot] = 0
+
+    def set_params(self, slot: int, params: SamplingParams) -> None:
+        """Per-turn settings; also restarts the turn's frame count and repetition windows."""
+        params.validate()
+        st, s = self.state, slot
+        st.temperature[s] = self._round(params.temperature)
+        st.top_p[s] = self._round(params.top_p)
+        st.top_k[s] = params.top_k if params.top_k > 0 else 1 << 40
+        st.penalty[s] = params.repetition_penalty
+        st.ras_on[s] = params.ras
+        st.max_frames[s] = params.max_frames
+        if params.seed is not None:
+            st.seed[s] = params.seed
+            st.counter[s] = 0
+        st.frame[s] = 0
+        st.window[s] = 0
+        st.ring[s] = 0
+        st.ring_n[s] = 0
+        st.finish[s] = 0
+
+    # ------------------------------------------------------------------ prefill
+
+    def room(self, slot: int) -> int:
+        return self.max_ctx - self.host_pos[slot]
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, columns: torch.Tensor, sample: bool = False) -> torch.Tensor | None:
+        """Append `columns` [rows, T] to the slot's context (chunked under `prefill_chunk` tokens).
+
+        With sample=True the last position's output samples frame 0 of a turn (call `set_params` first); returns
+        that column [rows] (on the device) and stores it as the slot's next input.
+        """
+        T = columns.shape[1]
+        if T == 0:
+            if sample:
+                raise ValueError("cannot sample a frame from an empty prefill")
+            return None
+        # A sampled frame needs one more position to be fed; refuse rather than corrupt the cache.
+        if self.host_pos[slot] + T + (1 if sample else 0) > self.max_ctx:
+            raise ContextFullError(
+                f"prompt of {T} positions does not fit: slot has {self.room(slot)} of {self.max_ctx} positions left"
+            )
+        cols = columns.to(self.device, non_blocking=True)
+        slots = torch.tensor([slot], device=self.device)
+        hidden = None
+        for start in range(0, T, self.prefill_chunk):
+            chunk = cols[:, start:start + self.prefill_chunk]
+            p0 = self.host_pos[slot]
+            positions = torch.arange(p0, p0 + chunk.shape[1], device=self.device)[None]
+            x = self.model.embed(chunk[None])
+            if self.trace is not None:
+                self.trace("embeddings", x[0])
+            hidden = self.model.forward_slow(x, self.rope[positions], self.kv.k, self.kv.v, slots, positions,
+                                             p0 + chunk.shape[1])
+            self.host_pos[slot] = p0 + chunk.shape[1]
+        self.state.pos[slot] = self.host_pos[slot]
+        if not sample:
+            return None
+        assert hidden is not None
+        col, _ = self._sample_frame(hidden[:, -1], slots, self.fast_kv_prefill, decode=False)
+        self._commit(slots, col, decode=False)
+        return col[0]
+
+    # ------------------------------------------------------------------ decode
+
+    @torch.inference_mode()
+    def decode(self, slots: list[int], kv_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step for `slots` (host list) -> (columns [B, rows], finish [B] int8), both on the device."""
+        idx = torch.tensor(slots, device=self.device)
+        if kv_len is None:
+            kv_len = min(self.max_ctx, max(self.host_pos[s] for s in slots) + 1)
+        out = self.decode_step(idx, kv_len)
+        for s in slots:
+            self.host_pos[s] += 1
+        return out
+
+    def decode_step(self, slots: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Graph-safe body: slots [B] int64 on the device -> (columns [B, rows], finish [B] int8).
+
+        Feeds each slot's `last_col` at its `pos`, samples the next frame, advances the slot state.
+        """
+        st = self.state
+        cols_in = st.last_col[slots]  # [B, rows]
+        positions = st.pos[slots][:, None]  # [B, 1]
+        x = self.model.embed(cols_in[:, :, None])
+        hidden = self.model.forward_slow(x, self.rope[positions], self.kv.k, self.kv.v, slots, positions, kv_len)
+        col, _ = self._sample_frame(hidden[:, 0], slots, self.fast_kv, decode=True)
+        st.pos[slots] = positions[:, 0] + 1
+        finish = self._commit(slots, col, decode=True)
+        return col, finish
+
+    # ------------------------------------------------------------------ one frame
+
+    def _sample_frame(
+        self,
+        hidden: torch.Tensor,  # [B, dim] pre-norm slow output of the last position
+        slots: torch.Tensor,  # [B]
+        fast_kv: FastKVCache,
+        decode: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (column [B, rows] = [token, c0..c9], main token [B])."""
+        st, m, B = self.state, self.model, hidden.shape[0]
+        normed, fast_in = m.slow_head(hidden)
+        if self.trace is not None:
+            self.trace("hidden_normed", normed)
+            self.trace("fast_in", fast_in)
+            self.trace("slow_logits", normed @ m.head_weight().T)
+        seed, counter = st.seed[slots], st.counter[slots]
+        temp, top_p, top_k = st.temperature[slots], st.top_p[slots], st.top_k[slots]
+        logits = normed @ self.main_weight.T  # [B, n_main]
+
+        if self.format == "s2":
+            probs = sampling.filtered_probs(logits, temp, top_p, top_k)
+            tok = self.main_ids[sampling.race(probs, self.noise(seed, counter, DRAW_MAIN, self.main_ids))]
+            if decode:
+                ones = torch.ones_like(temp)
+                probs_hi = sampling.filtered_probs(logits, ones * self.ras_temperature, ones * self.ras_top_p, top_k)
+                tok_hi = self.main_ids[sampling.race(probs_hi, self.noise(seed, counter, DRAW_RAS, self.main_ids))]
+                tok = sampling.ras_choice(tok, tok_hi, st.window[slots], self.sem_begin, self.sem_end, st.ras_on[slots])
+            c0 = (tok - self.sem_begin).clamp(0, self.config.codebook_size - 1)
+        else:
+            if decode:  # frame 0 gets no penalty
+                ids = sampling.penalty_main_ids(st.ring[slots], st.ring_n[slots])
+                logits = sampling.repetition_penalty(logits, ids, st.penalty[slots])
+                if self.trace is not None:
+                    self.trace("slow_logits_penalized", logits)
+            probs = sampling.filtered_probs(logits, temp, top_p, top_k)
+            tok = sampling.race(probs, self.noise(seed, counter, DRAW_MAIN, self.main_ids))
+            # S1: no upper clamp on c0 (a non-semantic token makes a text position whose codes are ignored).
+            c0 = (tok - self.sem_begin).clamp(min=0)
+
+        # Fast transformer: positions 0 (slow hidden) and 1 (embedding of c0) run together, then 2..9 one by one.
+        rows = self.fast_rows[:B]
+        codes = [c0]
+        x = torch.stack([fast_in, m.fast_embeddings(c0.clamp(max=self.config.codebook_size - 1))], dim=1)
+        pos = self.fast_positions[None, 0:2].expand(B, 2)
+        for k in range(1, self.config.num_codebooks):
+            if k > 1:
+                x = m.fast_embeddings(codes[-1])[:, None]
+                pos = self.fast_positions[None, k:k + 1].expand(B, 1)
+            fl = m.forward_fast(x, self.fast_rope[pos[:1]], fast_kv.k, fast_kv.v, rows, pos, k + 1)[:, -1]
+            if self.trace is not None:
+                self.trace("fast_logits", fl)
+            fl = fl[:, : self.fast_vocab]
+            if self.format == "s1" and decode:
+                fl = sampling.repetition_penalty(fl, st.ring[slots][:, :, k + 1], st.penalty[slots])
+            probs = sampling.filtered_probs(fl, temp, top_p, top_k)
+            codes.append(sampling.race(probs, self.noise(seed, counter, DRAW_RAS + k, self.fast_ids)))
+        col = torch.stack([tok] + codes, dim=1)
+        return col, tok
+
+    def _commit(self, slots: torch.Tensor, col: torch.Tensor, decode: bool) -> torch.Tensor:
+        """Store the new column as the slot's next input and advance frame/RNG/window state -> finish [B] int8."""
+        st = self.state
+        tok = col[:, 0]
+        st.last_col[slots] = col
+        frame = st.frame[slots] + 1
+        st.frame[slots] = frame
+        st.counter[slots] = st.counter[slots] + 1
+        if decode:
+            if self.format == "s2":
+                st.window[slots] = torch.cat([st.window[slots][:, 1:], tok[:, None]], dim=1)
+            else:
+                n = st.ring_n[slots]
+                st.ring[slots, n % PENALTY_WINDOW] = col
+                st.ring_n[slots] = n + 1
+        running = torch.full_like(tok, FinishReason.RUNNING, dtype=torch.int8)
+        finish = torch.where(frame >= st.max_frames[slots], torch.full_like(running, FinishReason.LENGTH), running)
+        # The next step feeds this column at position pos; it must exist.
+        finish = torch.where(st.pos[slots] >= self.max_ctx, torch.full_like(running, FinishReason.CONTEXT), finish)
+        if decode:  # the prefill frame's token is never checked (reference behaviour)
+            finish = torch.where(tok == self.im_end, torch.full_like(running, FinishReason.STOP), finish)
+        st.finish[slots] = finish
+        return finish

@@ -1,0 +1,1 @@
+"""Model layer: DualAR LLM, ModifiedDAC codec, tokenizers, prompts and checkpoint loading (torch only)."""

@@ -1,0 +1,229 @@
+"""The DualAR text-to-semantic model (inference only): a slow transformer over columns, a fast one over codebooks.
+
+Every sequence position is a column of `num_codebooks + 1` ints: row 0 is a text or `<|semantic:k|>` token, rows 1..
+are the codes c0..c9 of one audio frame. The slow transformer turns the column history into one hidden per position;
+its head picks the next row-0 token (c0 = the semantic index). The fast transformer then runs a 10-position sequence
+per frame — position 0 fed the slow hidden, position p fed `fast_embeddings[c_(p-1)]` — and its head at position p
+gives c_p. The exact math (embedding scale, fused qkv, QK-norm, interleaved bf16 RoPE, GQA) is in MODEL_SPEC.md.
+
+Parameter names are the reference's internal names (`layers.N.attention.wqkv.weight`, `fast_layers.N...`), so a
+checkpoint loads with a key remap only (see `loading.py`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rtts.model.config import DualARConfig
+from rtts.model.rope import apply_rope
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalize in float32, cast back, then scale (the reference's order; it matters in bf16).
+        xf = x.float()
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return out.type_as(x) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(
+        self,
+        dim: int,
+        n_head: int,
+        n_kv: int,
+        head_dim: int,
+        qkv_bias: bool,
+        o_bias: bool,
+        qk_norm: bool,
+        eps: float,
+    ) -> None:
+        super().__init__()
+        self.n_head, self.n_kv, self.head_dim = n_head, n_kv, head_dim
+        self.wqkv = nn.Linear(dim, (n_head + 2 * n_kv) * head_dim, bias=qkv_bias)
+        self.wo = nn.Linear(n_head * head_dim, dim, bias=o_bias)
+        self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, S, dim]
+        rope: torch.Tensor,  # [B or 1, S, head_dim // 2, 2]
+        k_cache: torch.Tensor,  # [rows, ctx, n_kv, head_dim]
+        v_cache: torch.Tensor,  # [rows, ctx, n_kv, head_dim]
+        rows: torch.Tensor,  # [B] int64: which cache row each batch row owns
+        positions: torch.Tensor,  # [B, S] int64: absolute positions of the new tokens
+        kv_len: int,  # attend over cache positions [0, kv_len); must exceed every position
+    ) -> torch.Tensor:
+        B, S, _ = x.shape
+        qs, kvs = self.n_head * self.head_dim, self.n_kv * self.head_dim
+        q, k, v = self.wqkv(x).split([qs, kvs, kvs], dim=-1)
+        q = q.view(B, S, self.n_head, self.head_dim)
+        k = k.view(B, S, self.n_kv, self.head_dim)
+        v = v.view(B, S, self.n_kv, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+
+        idx = (rows[:, None].expand(B, S), positions)
+        k_cache.index_put_(idx, k.to(k_cache.dtype))
+        v_cache.index_put_(idx, v.to(v_cache.dtype))
+
+        keys = k_cache[:, :kv_len][rows]  # [B, L, n_kv, hd]
+        values = v_cache[:, :kv_len][rows]
+        # Key j is visible to the query at position p iff j <= p: causal over the whole history of the row.
+        mask = torch.arange(kv_len, device=x.device)[None, None, :] <= positions[:, :, None]  # [B, S, L]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            keys.transpose(1, 2).to(q.dtype),
+            values.transpose(1, 2).to(q.dtype),
+            attn_mask=mask[:, None],
+            scale=1.0 / math.sqrt(self.head_dim),
+            enable_gqa=self.n_head != self.n_kv,
+        )  # [B, H, S, hd]
+        return self.wo(out.transpose(1, 2).reshape(B, S, qs))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, ffn: int, attention: Attention, eps: float) -> None:
+        super().__init__()
+        self.attention = attention
+        self.feed_forward = FeedForward(dim, ffn)
+        self.attention_norm = RMSNorm(dim, eps)
+        self.ffn_norm = RMSNorm(dim, eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        kv_len: int,
+    ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope, k_cache, v_cache, rows, positions, kv_len)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class DualARTransformer(nn.Module):
+    """Slow + fast transformers. Stateless: all caches are passed in (see kv_cache.py)."""
+
+    def __init__(self, config: DualARConfig, semantic_begin_id: int, semantic_end_id: int) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        self.semantic_begin_id = semantic_begin_id
+        self.semantic_end_id = semantic_end_id
+
+        self.embeddings = nn.Embedding(c.vocab_size, c.dim)
+        self.codebook_embeddings = nn.Embedding(c.codebook_size * c.num_codebooks, c.dim)
+        self.layers = nn.ModuleList(
+            Block(
+                c.dim,
+                c.intermediate_size,
+                Attention(c.dim, c.n_head, c.n_local_heads, c.head_dim, c.attention_qkv_bias,
+                          c.attention_o_bias, c.attention_qk_norm, c.norm_eps),
+                c.norm_eps,
+            )
+            for _ in range(c.n_layer)
+        )
+        self.norm = RMSNorm(c.dim, c.norm_eps)
+        self.output = None if c.tie_word_embeddings else nn.Linear(c.dim, c.vocab_size, bias=False)
+
+        # Fast model: NOTE it inherits the slow rope_base and norm_eps (the reference ignores the fast config's own).
+        self.fast_project_in = nn.Linear(c.dim, c.fast_dim) if c.fast_dim != c.dim else None
+        self.fast_embeddings = nn.Embedding(c.codebook_size, c.fast_dim)
+        self.fast_layers = nn.ModuleList(
+            Block(
+                c.fast_dim,
+                c.fast_intermediate_size,
+                Attention(c.fast_dim, c.fast_n_head, c.fast_n_local_heads, c.fast_head_dim,
+                          c.fast_attention_qkv_bias, c.fast_attention_o_bias, c.fast_attention_qk_norm, c.norm_eps),
+                c.norm_eps,
+            )
+            for _ in range(c.n_fast_layer)
+        )
+        self.fast_norm = RMSNorm(c.fast_dim, c.norm_eps)
+        self.fast_output = nn.Linear(c.fast_dim, c.codebook_size, bias=False)
+
+    # ------------------------------------------------------------------ slow model
+
+    def embed(self, columns: torch.Tensor) -> torch.Tensor:
+        """columns: [B, rows, S] int64 -> input embeddings [B, S, dim]."""
+        c = self.config
+        tok = columns[:, 0]  # [B, S]
+        x = self.embeddings(tok)
+        offsets = torch.arange(c.num_codebooks, device=columns.device)[None, :, None] * c.codebook_size
+        # Codes on text positions are ignored below; clamp so a stray value cannot index out of the table.
+        codes = columns[:, 1:].clamp(0, c.codebook_size - 1) + offsets  # [B, ncb, S]
+        cb_sum = self.codebook_embeddings(codes).sum(dim=1)  # [B, S, dim]
+        is_sem = ((tok >= self.semantic_begin_id) & (tok <= self.semantic_end_id))[..., None]
+        sem = x + cb_sum
+        if c.scale_codebook_embeddings:
+            sem = sem / math.sqrt(c.num_codebooks + 1)
+        return torch.where(is_sem, sem, x)
+
+    def forward_slow(
+        self,
+        x: torch.Tensor,  # [B, S, dim] input embeddings
+        rope: torch.Tensor,  # [B or 1, S, head_dim // 2, 2]
+        k_cache: torch.Tensor,  # [n_layer, slots, ctx, n_kv, hd]
+        v_cache: torch.Tensor,
+        slots: torch.Tensor,  # [B]
+        positions: torch.Tensor,  # [B, S]
+        kv_len: int,
+    ) -> torch.Tensor:
+        """Runs the slow stack, writing K/V of the new positions; returns the pre-norm hidden [B, S, dim]."""
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rope, k_cache[i], v_cache[i], slots, positions, kv_len)
+        return x
+
+    def head_weight(self) -> torch.Tensor:
+        """[vocab, dim]: the tied embedding (S2) or the separate output head (S1)."""
+        return self.embeddings.weight if self.output is None else self.output.weight
+
+    def slow_head(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden: [B, dim] pre-norm -> (normed [B, dim], fast input [B, fast_dim])."""
+        normed = self.norm(hidden)
+        fast_in = normed if self.config.norm_fastlayer_input else hidden
+        if self.fast_project_in is not None:
+            fast_in = self.fast_project_in(fast_in)
+        return normed, fast_in
+
+    # ------------------------------------------------------------------ fast model
+
+    def forward_fast(
+        self,
+        x: torch.Tensor,  # [B, S, fast_dim]
+        rope: torch.Tensor,  # [1, S, fast_head_dim // 2, 2]
+        k_cache: torch.Tensor,  # [n_fast_layer, rows >= B, 10, n_kv, hd]
+        v_cache: torch.Tensor,
+        rows: torch.Tensor,  # [B] int64 (usually arange(B))
+        positions: torch.Tensor,  # [B, S]
+        kv_len: int,
+    ) -> torch.Tensor:
+        """One fast step over positions `positions` -> codebook logits [B, S, codebook_size]."""
+        for i, layer in enumerate(self.fast_layers):
+            x = layer(x, rope, k_cache[i], v_cache[i], rows, positions, kv_len)
+        return self.fast_output(self.fast_norm(x))
