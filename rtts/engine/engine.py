@@ -113,15 +113,17 @@ class Engine:
         self.im_end = self.tokenizer.im_end_id
 
         dev = self.device
-        self.kv = SlotKVCache.allocate(cfg.n_layer, max_slots + 1, self.max_ctx, cfg.n_local_heads, cfg.head_dim,
-                                       self.dtype, dev)
+        # One spare position past max_ctx: a frozen slot that rides along in a step writes its K/V at `pos`, which
+        # is max_ctx for a slot whose context is exactly full.
+        self.kv = SlotKVCache.allocate(cfg.n_layer, max_slots + 1, self.max_ctx + 1, cfg.n_local_heads,
+                                       cfg.head_dim, self.dtype, dev)
         # Separate fast caches for the decode batch and for prefill, so the two threads never share one.
         self.fast_kv = FastKVCache.allocate(cfg.n_fast_layer, max_slots + 1, cfg.num_codebooks,
                                             cfg.fast_n_local_heads, cfg.fast_head_dim, self.dtype, dev)
         self.fast_kv_prefill = FastKVCache.allocate(cfg.n_fast_layer, 1, cfg.num_codebooks,
                                                     cfg.fast_n_local_heads, cfg.fast_head_dim, self.dtype, dev)
         self.state = SlotState.allocate(max_slots + 1, self.rows, dev)
-        self.rope = rope_table(self.max_ctx, cfg.head_dim, cfg.rope_base, dev)
+        self.rope = rope_table(self.max_ctx + 1, cfg.head_dim, cfg.rope_base, dev)
         self.fast_rope = rope_table(cfg.num_codebooks, cfg.fast_head_dim, cfg.rope_base, dev)
         self.fast_positions = torch.arange(cfg.num_codebooks, device=dev)
         self.fast_rows = torch.arange(max_slots + 1, device=dev)
@@ -150,6 +152,8 @@ class Engine:
         self.noise: NoiseFn = exponential_noise
         self.trace: TraceFn | None = None  # debugging/test hook: receives intermediate tensors
         self.host_pos = [0] * (max_slots + 1)  # host mirror of state.pos, advanced by prefill() and decode()
+        # The scratch slot is permanently frozen, so padded rows never advance it.
+        self.state.finish[self.scratch_slot] = FinishReason.CANCELLED
 
     # ------------------------------------------------------------------ slot lifecycle
 
@@ -181,6 +185,15 @@ class Engine:
         st.ring[s] = 0
         st.ring_n[s] = 0
         st.finish[s] = 0
+
+    def end_turn(self, slot: int) -> int:
+        """After the host saw a slot's turn finish: re-read its true KV length (one sync per turn) and return it."""
+        self.host_pos[slot] = int(self.state.pos[slot])
+        return self.host_pos[slot]
+
+    def cancel(self, slot: int) -> None:
+        """Freeze a slot now (device write only); later steps that still include it leave it untouched."""
+        self.state.finish[slot] = FinishReason.CANCELLED
 
     # ------------------------------------------------------------------ prefill
 
@@ -229,10 +242,13 @@ class Engine:
 
     @torch.inference_mode()
     def decode(self, slots: list[int], kv_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step for `slots` (host list) -> (columns [B, rows], finish [B] int8), both on the device."""
+        """One step for `slots` (host list) -> (columns [B, rows], finish [B] int8), both on the device.
+
+        `host_pos` is advanced as an upper bound (a frozen slot does not really move); `end_turn` re-reads it.
+        """
         idx = torch.tensor(slots, device=self.device)
         if kv_len is None:
-            kv_len = min(self.max_ctx, max(self.host_pos[s] for s in slots) + 1)
+            kv_len = min(self.max_ctx + 1, max(self.host_pos[s] for s in slots) + 1)
         out = self.decode_step(idx, kv_len)
         for s in slots:
             self.host_pos[s] += 1
@@ -241,16 +257,19 @@ class Engine:
     def decode_step(self, slots: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Graph-safe body: slots [B] int64 on the device -> (columns [B, rows], finish [B] int8).
 
-        Feeds each slot's `last_col` at its `pos`, samples the next frame, advances the slot state.
+        Feeds each slot's `last_col` at its `pos`, samples the next frame, advances the slot state. A slot whose turn
+        already finished is frozen: it may ride along in a step (the host learns about finishes one step late) but
+        its state does not move. Its K/V write lands at `pos`, past its context, where the next prefill overwrites it.
         """
         st = self.state
+        active = st.finish[slots] == FinishReason.RUNNING  # [B]
         cols_in = st.last_col[slots]  # [B, rows]
         positions = st.pos[slots][:, None]  # [B, 1]
         x = self.model.embed(cols_in[:, :, None])
         hidden = self.model.forward_slow(x, self.rope[positions], self.kv.k, self.kv.v, slots, positions, kv_len)
         col, _ = self._sample_frame(hidden[:, 0], slots, self.fast_kv, decode=True)
-        st.pos[slots] = positions[:, 0] + 1
-        finish = self._commit(slots, col, decode=True)
+        st.pos[slots] = positions[:, 0] + active.long()
+        finish = self._commit(slots, col, decode=True, active=active)
         return col, finish
 
     # ------------------------------------------------------------------ one frame
@@ -308,31 +327,44 @@ class Engine:
             fl = fl[:, : self.fast_vocab]
             if self.format == "s1" and decode:
                 fl = sampling.repetition_penalty(fl, st.ring[slots][:, :, k + 1], st.penalty[slots])
+                if self.trace is not None:
+                    self.trace("fast_logits_penalized", fl)
             probs = sampling.filtered_probs(fl, temp, top_p, top_k)
             codes.append(sampling.race(probs, self.noise(seed, counter, DRAW_RAS + k, self.fast_ids)))
         col = torch.stack([tok] + codes, dim=1)
         return col, tok
 
-    def _commit(self, slots: torch.Tensor, col: torch.Tensor, decode: bool) -> torch.Tensor:
-        """Store the new column as the slot's next input and advance frame/RNG/window state -> finish [B] int8."""
+    def _commit(
+        self, slots: torch.Tensor, col: torch.Tensor, decode: bool, active: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Store the new column as the slot's next input and advance frame/RNG/window state -> finish [B] int8.
+
+        Rows with active == False keep all their state (and report their existing finish reason).
+        """
         st = self.state
+        if active is None:
+            active = torch.ones_like(slots, dtype=torch.bool)
+        act = active[:, None]
         tok = col[:, 0]
-        st.last_col[slots] = col
-        frame = st.frame[slots] + 1
+        st.last_col[slots] = torch.where(act, col, st.last_col[slots])
+        frame = st.frame[slots] + active.long()
         st.frame[slots] = frame
-        st.counter[slots] = st.counter[slots] + 1
+        st.counter[slots] = st.counter[slots] + active.long()
         if decode:
             if self.format == "s2":
-                st.window[slots] = torch.cat([st.window[slots][:, 1:], tok[:, None]], dim=1)
+                old = st.window[slots]
+                st.window[slots] = torch.where(act, torch.cat([old[:, 1:], tok[:, None]], dim=1), old)
             else:
                 n = st.ring_n[slots]
-                st.ring[slots, n % PENALTY_WINDOW] = col
-                st.ring_n[slots] = n + 1
+                at = n % PENALTY_WINDOW
+                st.ring[slots, at] = torch.where(act, col, st.ring[slots, at])
+                st.ring_n[slots] = n + active.long()
         running = torch.full_like(tok, FinishReason.RUNNING, dtype=torch.int8)
         finish = torch.where(frame >= st.max_frames[slots], torch.full_like(running, FinishReason.LENGTH), running)
         # The next step feeds this column at position pos; it must exist.
         finish = torch.where(st.pos[slots] >= self.max_ctx, torch.full_like(running, FinishReason.CONTEXT), finish)
         if decode:  # the prefill frame's token is never checked (reference behaviour)
             finish = torch.where(tok == self.im_end, torch.full_like(running, FinishReason.STOP), finish)
+        finish = torch.where(active, finish, st.finish[slots])
         st.finish[slots] = finish
         return finish

@@ -70,10 +70,11 @@ def ras_choice(
 def penalty_main_ids(ring: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     """S1 main-token penalty ids: the 11 values of the window's OLDEST column.
 
-    ring: [B, rows, 16] columns of decode frames 1.. written at (frame - 1) % 16, zeros where unwritten;
+    ring: [B, 16, rows] columns of decode frames 1.. written at slot (frame - 1) % 16, zeros where unwritten;
     n: [B] int64 decode frames already in the ring. While n < 16 the window is [frames 1..n, zero padding] so its
     oldest column is slot 0 (the zero column when n == 0); afterwards the oldest is frame f-16, at slot n % 16.
     -> [B, rows] int64.
     """
-    idx = torch.where(n >= ring.shape[-1], n % ring.shape[-1], torch.zeros_like(n))
-    return torch.gather(ring, 2, idx[:, None, None].expand(-1, ring.shape[1], 1)).squeeze(2)
+    W = ring.shape[1]
+    idx = torch.where(n >= W, n % W, torch.zeros_like(n))
+    return torch.gather(ring, 1, idx[:, None, None].expand(-1, 1, ring.shape[2])).squeeze(1)
