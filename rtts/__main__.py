@@ -1,0 +1,76 @@
+"""`rtts` command line: serve | synth | codec | make-random-checkpoint.
+
+Every user error (missing file, unreadable audio, empty text, a wrong checkpoint) ends in one line on stderr,
+`rtts: error: ...`, and exit status 2; a traceback means a bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rtts", description="Real-time TTS for Fish Speech DualAR models.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("synth", help="synthesize one text to a WAV file")
+    s.add_argument("text")
+    s.add_argument("-o", "--output", required=True, help="output WAV path")
+    s.add_argument("--checkpoint", help="checkpoint directory (default: the embedded tiny model)")
+    s.add_argument("--reference-audio", help="voice to clone: an audio file")
+    s.add_argument("--reference-codes", help="voice to clone: codec codes .npy [num_codebooks, frames]")
+    s.add_argument("--reference-text", help="transcript of the reference")
+    s.add_argument("--temperature", type=float, default=0.8)
+    s.add_argument("--top-p", type=float, default=0.8)
+    s.add_argument("--top-k", type=int, default=None, help="1 = greedy; default 30 (S2) or off (S1)")
+    s.add_argument("--repetition-penalty", type=float, default=1.1, help="S1 models only")
+    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--max-frames", type=int, default=1024, help="max frames per text batch (21.5 frames = 1 s)")
+    s.add_argument("--chunk-length", type=int, default=300, help="max UTF-8 bytes per batch of speaker turns")
+    s.add_argument("--codes-out", help="also write the generated codes (.npy, int64 [num_codebooks, frames])")
+    _device_args(s)
+
+    c = sub.add_parser("codec", help="encode audio to codes or decode codes to audio")
+    csub = c.add_subparsers(dest="codec_cmd", required=True)
+    for name, (i, o) in {"encode": ("WAV", "OUT.npy"), "decode": ("CODES.npy", "OUT.wav")}.items():
+        cc = csub.add_parser(name)
+        cc.add_argument("input", metavar=i)
+        cc.add_argument("output", metavar=o)
+        cc.add_argument("--checkpoint", help="checkpoint directory holding codec.pth (default: embedded model)")
+        cc.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+
+    m = sub.add_parser("make-random-checkpoint", help="write random weights in a release layout")
+    m.add_argument("--preset", choices=["s2-pro", "s1-mini", "tiny"], required=True)
+    m.add_argument("out")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="LLM weight dtype (default: bfloat16 for s2-pro/s1-mini, float32 for tiny)")
+    return p
+
+
+def _device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    # Imported late: `rtts --help` must not pay for torch.
+    from rtts import cli
+    from rtts.audio.io import AudioError
+    from rtts.model.errors import CheckpointError, PromptError
+
+    handlers = {"synth": cli.cmd_synth, "codec": cli.cmd_codec, "make-random-checkpoint": cli.cmd_make_random}
+    try:
+        handlers[args.command](args)
+    except (CheckpointError, PromptError, AudioError, ValueError, FileNotFoundError, PermissionError) as e:
+        print(f"rtts: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Audio in and out: decoding uploaded/reference audio, resampling, encoding streamed PCM."""
