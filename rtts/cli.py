@@ -140,7 +140,8 @@ def cmd_codec(args: argparse.Namespace) -> None:
         audio = read_audio(args.input, codec.config.sample_rate, MAX_REFERENCE_SECONDS)
         codes = encode_audio(codec, audio)
         np.save(args.output, codes.numpy().astype(np.int64))
-        _log(f"{args.input}: {audio.size / codec.config.sample_rate:.2f} s -> codes {list(codes.shape)} -> {args.output}")
+        secs = audio.size / codec.config.sample_rate
+        _log(f"{args.input}: {secs:.2f} s -> codes {list(codes.shape)} -> {args.output}")
     else:
         codes = _load_codes(args.input)
         if codes.ndim != 2 or codes.shape[0] != codec.config.num_codebooks or codes.shape[1] == 0:

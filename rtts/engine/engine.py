@@ -22,7 +22,7 @@ import torch
 from rtts.engine import sampling
 from rtts.engine.rng import exponential_noise
 from rtts.model.dual_ar import DualARTransformer
-from rtts.model.kv_cache import FastKVCache, SlotKVCache
+from rtts.model.kv_cache import KVCache
 from rtts.model.loading import LoadedModel
 from rtts.model.rope import rope_table
 from rtts.types import FinishReason, SamplingParams
@@ -115,12 +115,12 @@ class Engine:
         dev = self.device
         # One spare position past max_ctx: a frozen slot that rides along in a step writes its K/V at `pos`, which
         # is max_ctx for a slot whose context is exactly full.
-        self.kv = SlotKVCache.allocate(cfg.n_layer, max_slots + 1, self.max_ctx + 1, cfg.n_local_heads,
+        self.kv = KVCache.allocate(cfg.n_layer, max_slots + 1, self.max_ctx + 1, cfg.n_local_heads,
                                        cfg.head_dim, self.dtype, dev)
         # Separate fast caches for the decode batch and for prefill, so the two threads never share one.
-        self.fast_kv = FastKVCache.allocate(cfg.n_fast_layer, max_slots + 1, cfg.num_codebooks,
+        self.fast_kv = KVCache.allocate(cfg.n_fast_layer, max_slots + 1, cfg.num_codebooks,
                                             cfg.fast_n_local_heads, cfg.fast_head_dim, self.dtype, dev)
-        self.fast_kv_prefill = FastKVCache.allocate(cfg.n_fast_layer, 1, cfg.num_codebooks,
+        self.fast_kv_prefill = KVCache.allocate(cfg.n_fast_layer, 1, cfg.num_codebooks,
                                                     cfg.fast_n_local_heads, cfg.fast_head_dim, self.dtype, dev)
         self.state = SlotState.allocate(max_slots + 1, self.rows, dev)
         self.rope = rope_table(self.max_ctx + 1, cfg.head_dim, cfg.rope_base, dev)
@@ -278,7 +278,7 @@ class Engine:
         self,
         hidden: torch.Tensor,  # [B, dim] pre-norm slow output of the last position
         slots: torch.Tensor,  # [B]
-        fast_kv: FastKVCache,
+        fast_kv: KVCache,
         decode: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (column [B, rows] = [token, c0..c9], main token [B])."""

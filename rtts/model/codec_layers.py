@@ -22,6 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rtts.model.layers import FeedForward, RMSNorm
+from rtts.model.rope import apply_rope, rope_cos_sin
+
 # Per-call conv contexts, one entry per stateful conv of the decode path (see `tail_id`).
 Tails = list[torch.Tensor]
 
@@ -195,42 +198,10 @@ class ConvNeXtBlock(nn.Module):
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of `pos * base^(-2j/head_dim)` computed in float32 and rounded to bfloat16 (the reference
-    keeps its tables in bf16, even in float32 runs; the S1 fixture's stored tables match this exactly).
-    Computed from each slot's positions, so a stream continues at any position without a table limit.
-
-    positions: [B, T] int64 -> cos, sin: [B, 1, T, head_dim/2] bfloat16
-    """
-    idx = torch.arange(0, head_dim, 2, device=positions.device)[: head_dim // 2].float()
-    inv_freq = 1.0 / (base ** (idx / head_dim))
-    angles = positions.float()[..., None] * inv_freq  # [B, T, head_dim/2]
-    # NOTE: polar, not cos/sin: the reference builds its tables with torch.polar, whose float32 values
-    # differ from torch.cos/sin in the last bit often enough to flip a few bf16 roundings at long positions.
-    cis = torch.polar(torch.ones_like(angles), angles)
-    return cis.real.to(torch.bfloat16)[:, None], cis.imag.to(torch.bfloat16)[:, None]
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved adjacent pairs (x[2j], x[2j+1]) in float32 (GPT-J style, not rotate_half).
-
-    x: [B, H, T, D]; cos, sin: [B, 1, T, D/2]
-    """
-    xf = x.float().unflatten(-1, (-1, 2))
-    x0, x1 = xf[..., 0], xf[..., 1]
-    out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
-    return out.flatten(-2).type_as(x)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [..., dim]; statistics in float32 even for bf16 weights, as the reference does
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+    """positions: [B, T] int64 -> cos, sin: [B, 1, T, head_dim/2] bfloat16, computed per slot position so a stream
+    continues at any position without a table limit."""
+    cos, sin = rope_cos_sin(positions, head_dim, base)
+    return cos[:, None], sin[:, None]
 
 
 class LayerScale(nn.Module):
@@ -270,24 +241,13 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).flatten(2)), k, v
 
 
-class FeedForward(nn.Module):
-    def __init__(self, cfg: CodecTransformerConfig) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)
-        self.w3 = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)
-        self.w2 = nn.Linear(cfg.intermediate_size, cfg.dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 class TransformerBlock(nn.Module):
     """Pre-norm block with layer-scale on both residual branches."""
 
     def __init__(self, cfg: CodecTransformerConfig) -> None:
         super().__init__()
         self.attention = Attention(cfg)
-        self.feed_forward = FeedForward(cfg)
+        self.feed_forward = FeedForward(cfg.dim, cfg.intermediate_size)
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.attention_layer_scale = LayerScale(cfg.dim)

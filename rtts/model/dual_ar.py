@@ -19,20 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from rtts.model.config import DualARConfig
+from rtts.model.layers import FeedForward, RMSNorm
 from rtts.model.rope import apply_rope
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalize in float32, cast back, then scale (the reference's order; it matters in bf16).
-        xf = x.float()
-        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return out.type_as(x) * self.weight
 
 
 class Attention(nn.Module):
@@ -72,7 +60,8 @@ class Attention(nn.Module):
         v = v.view(B, S, self.n_kv, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        cos, sin = rope[..., 0].unsqueeze(2), rope[..., 1].unsqueeze(2)  # [B, S, 1, hd/2]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
         idx = (rows[:, None].expand(B, S), positions)
         k_cache.index_put_(idx, k.to(k_cache.dtype))
@@ -91,17 +80,6 @@ class Attention(nn.Module):
             enable_gqa=self.n_head != self.n_kv,
         )  # [B, H, S, hd]
         return self.wo(out.transpose(1, 2).reshape(B, S, qs))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class Block(nn.Module):

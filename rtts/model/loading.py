@@ -112,7 +112,11 @@ def _pth_entries(path: Path) -> Iterator[_Entry]:
         name = key[len("model."):] if key.startswith("model.") else key
         if "audio_" in name:  # the reference drops these (dead audio-projector path)
             continue
-        yield _Entry(name, key, path, tuple(t.shape), t.numel() * t.element_size(), lambda t=t: t)
+        yield _Entry(name, key, path, tuple(t.shape), t.numel() * t.element_size(), _constant(t))
+
+
+def _constant(t: torch.Tensor) -> Callable[[], torch.Tensor]:
+    return lambda: t
 
 
 def iter_checkpoint(checkpoint_dir: Path, config: DualARConfig) -> Iterator[_Entry]:

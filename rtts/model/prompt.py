@@ -70,11 +70,14 @@ class PromptBuilder:
         if codes.dtype.is_floating_point or codes.dtype == torch.bool:
             raise PromptError(f"reference codes must be integers, got {codes.dtype}")
         if codes.ndim != 2 or codes.shape[0] != self.num_codebooks:
-            raise PromptError(f"reference codes must have shape [{self.num_codebooks}, frames], got {list(codes.shape)}")
+            raise PromptError(
+                f"reference codes must have shape [{self.num_codebooks}, frames], got {list(codes.shape)}"
+            )
         if codes.shape[1] == 0:
             raise PromptError("reference codes have no frames")
         codes = codes.to(torch.int64)
-        if int(codes.min()) < 0 or int(codes[0].max()) >= self.tok.num_semantic or int(codes.max()) >= self.codebook_size:
+        too_big = int(codes[0].max()) >= self.tok.num_semantic or int(codes.max()) >= self.codebook_size
+        if int(codes.min()) < 0 or too_big:
             raise PromptError(
                 f"reference codes out of range (semantic row must be < {self.tok.num_semantic}, "
                 f"others < {self.codebook_size})"
@@ -122,7 +125,9 @@ class PromptBuilder:
         """Generated codes [num_codebooks, N] as conversation history (the turn prefix was already emitted)."""
         return self.columns([codes]) if codes.shape[1] else self.columns([])
 
-    def conversation(self, references: Sequence[Reference], turns: Sequence[tuple[str, torch.Tensor | None]]) -> torch.Tensor:
+    def conversation(
+        self, references: Sequence[Reference], turns: Sequence[tuple[str, torch.Tensor | None]]
+    ) -> torch.Tensor:
         """A whole conversation in one tensor: turns = [(text, generated codes or None for the last)]."""
         pieces = [self.system(references)]
         for i, (text, codes) in enumerate(turns):

@@ -166,7 +166,7 @@ def write_s2_tokenizer(
         }
         for i, (name, is_special) in enumerate(added)
     ]
-    added_tokens_ids = {tok["content"]: tok["id"] for tok in added_tokens}
+    added_tokens_ids: dict[str, int] = {str(tok["content"]): int(str(tok["id"])) for tok in added_tokens}
     tokenizer = {
         "version": "1.0",
         "truncation": None,

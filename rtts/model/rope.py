@@ -1,8 +1,8 @@
-"""Interleaved-pair rotary embedding with bf16-rounded tables (the DualAR convention).
+"""Interleaved-pair rotary embedding with bf16-rounded tables (the convention of the DualAR LLM and the codec).
 
-NOTE: this is not the HF `rotate_half` convention. Adjacent pairs (x[2j], x[2j+1]) are rotated, the cos/sin tables are
-computed in float32 and then rounded to bfloat16 (also in float32 runs), and the rotation itself is done in float32.
-Getting any of the three wrong produces plausible-looking but wrong audio.
+NOTE: this is not the HF `rotate_half` convention. Adjacent pairs (x[2j], x[2j+1]) are rotated by `pos * base^(-2j/d)`,
+the cos/sin tables are computed in float32 and then rounded to bfloat16 (also in float32 runs), and the rotation itself
+is done in float32. Getting any of the three wrong produces plausible-looking but wrong audio.
 """
 
 from __future__ import annotations
@@ -10,27 +10,26 @@ from __future__ import annotations
 import torch
 
 
-def rope_table(num_positions: int, head_dim: int, base: float, device: torch.device | str = "cpu") -> torch.Tensor:
-    """cos/sin table for positions 0..num_positions-1 -> [num_positions, head_dim // 2, 2] bfloat16."""
-    # Same op order as the reference (float32 pow, outer product, polar) so the bf16 rounding lands identically.
-    idx = torch.arange(0, head_dim, 2, device=device)[: head_dim // 2].float()
-    freqs = 1.0 / (base ** (idx / head_dim))
-    t = torch.arange(num_positions, device=device)
-    angles = torch.outer(t, freqs)
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions: any shape [...] int64 -> cos, sin: [..., head_dim // 2] bfloat16."""
+    idx = torch.arange(0, head_dim, 2, device=positions.device)[: head_dim // 2].float()
+    inv_freq = 1.0 / (base ** (idx / head_dim))
+    angles = positions.float()[..., None] * inv_freq
+    # NOTE: polar, not cos/sin: the reference builds its tables with torch.polar, whose float32 values differ from
+    # torch.cos/sin in the last bit often enough to flip a few bf16 roundings.
     cis = torch.polar(torch.ones_like(angles), angles)
-    return torch.stack([cis.real, cis.imag], dim=-1).to(torch.bfloat16)
+    return cis.real.to(torch.bfloat16), cis.imag.to(torch.bfloat16)
 
 
-def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs of the last dim.
+def rope_table(num_positions: int, head_dim: int, base: float, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Table for positions 0..num_positions-1 -> [num_positions, head_dim // 2, 2] bfloat16 (cos, sin)."""
+    cos, sin = rope_cos_sin(torch.arange(num_positions, device=device), head_dim, base)
+    return torch.stack([cos, sin], dim=-1)
 
-    x: [B, S, H, D]; table: [B, S, D // 2, 2] (or broadcastable, e.g. [1, S, D // 2, 2]) -> [B, S, H, D], x.dtype.
-    """
-    xs = x.float().reshape(*x.shape[:-1], -1, 2)  # [B, S, H, D/2, 2]
-    t = table.float().unsqueeze(2)  # [B, S, 1, D/2, 2]
-    cos, sin = t[..., 0], t[..., 1]
-    out = torch.stack(
-        [xs[..., 0] * cos - xs[..., 1] * sin, xs[..., 1] * cos + xs[..., 0] * sin],
-        dim=-1,
-    )
-    return out.flatten(-2).type_as(x)
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs of the last dim of x [..., D]; cos/sin broadcast against [..., D // 2]."""
+    xs = x.float().unflatten(-1, (-1, 2))
+    x0, x1 = xs[..., 0], xs[..., 1]
+    cos, sin = cos.float(), sin.float()
+    return torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1).flatten(-2).type_as(x)

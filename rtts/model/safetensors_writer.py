@@ -49,7 +49,7 @@ def write_safetensors(
             if tuple(t.shape) != tuple(shape) or t.dtype != dtype:
                 raise ValueError(f"{name}: produced {tuple(t.shape)} {t.dtype}, declared {tuple(shape)} {dtype}")
             data = t.detach().contiguous().cpu().view(torch.uint8).numpy()
-            f.write(memoryview(data))
+            f.write(data.data)
             if on_tensor is not None:
                 on_tensor(data.nbytes)
             del t, data
