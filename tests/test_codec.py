@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from conftest import GOLDEN  # one place decides where the fixtures are
 
 from rtts.model.codec import (
     STALE_BUFFERS,
@@ -21,14 +22,13 @@ from rtts.model.codec import (
 )
 from rtts.model.errors import CheckpointError
 
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden"
 S2_DIR = GOLDEN / "tiny-s2"
 S1_DIR = GOLDEN / "tiny-s1"
 S2_CODEC = S2_DIR / "fixtures" / "codec"
 S1_CODEC = S1_DIR / "fixtures" / "codec"
 WAV_TOL = 1e-4  # README §10: codec waveforms and intermediates, float32 vs float32
 
-pytestmark = pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden fixtures not found at {GOLDEN}")
+pytestmark = pytest.mark.usefixtures("golden")  # fails loudly when the fixtures are missing
 
 
 @pytest.fixture(scope="module", autouse=True)

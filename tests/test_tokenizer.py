@@ -11,19 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import GOLDEN  # one place decides where the fixtures are
 
 from rtts.model.errors import CheckpointError
 from rtts.model.random_tokenizer import write_s1_tokenizer, write_s2_tokenizer
 from rtts.model.tokenizer import FishTokenizer, load_tokenizer
 
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden"
 S2_DIR = GOLDEN / "tiny-s2"
 S1_DIR = GOLDEN / "tiny-s1"
 S2_TYPE = "fish_qwen3_omni"
 S1_TYPE = "dual_ar"
 SETS = {"tiny-s2": (S2_DIR, S2_TYPE), "tiny-s1": (S1_DIR, S1_TYPE)}
 
-pytestmark = pytest.mark.skipif(not GOLDEN.is_dir(), reason=f"golden fixtures not found at {GOLDEN}")
+pytestmark = pytest.mark.usefixtures("golden")  # fails loudly when the fixtures are missing
 
 
 @pytest.fixture(scope="module")
