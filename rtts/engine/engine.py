@@ -78,6 +78,15 @@ class SlotState:
             t[mask] = 0
 
 
+@dataclass
+class PrefillItem:
+    """A piece of prompt for one slot. sample=True on the last piece of a text turn: it samples frame 0."""
+
+    slot: int
+    columns: torch.Tensor  # [rows, T] int64 (CPU)
+    sample: bool = False
+
+
 class ContextFullError(RuntimeError):
     """A prefill would not fit in the slot's KV context."""
 
@@ -90,6 +99,7 @@ class Engine:
         max_ctx: int | None = None,
         prefill_chunk: int = 512,
         residual_limit: int | None = None,
+        prefill_rows: int = 8,
     ) -> None:
         """
         max_ctx: KV positions per slot (default: the model's max_seq_len, capped at 4096).
@@ -107,6 +117,7 @@ class Engine:
         self.scratch_slot = max_slots
         self.max_ctx = max_ctx or min(cfg.max_seq_len, 4096)
         self.prefill_chunk = prefill_chunk
+        self.prefill_rows = prefill_rows
         self.rows = cfg.rows
         self.sem_begin = self.tokenizer.semantic_begin_id
         self.sem_end = self.tokenizer.semantic_end_id
@@ -120,7 +131,7 @@ class Engine:
         # Separate fast caches for the decode batch and for prefill, so the two threads never share one.
         self.fast_kv = KVCache.allocate(cfg.n_fast_layer, max_slots + 1, cfg.num_codebooks,
                                             cfg.fast_n_local_heads, cfg.fast_head_dim, self.dtype, dev)
-        self.fast_kv_prefill = KVCache.allocate(cfg.n_fast_layer, 1, cfg.num_codebooks,
+        self.fast_kv_prefill = KVCache.allocate(cfg.n_fast_layer, prefill_rows, cfg.num_codebooks,
                                                     cfg.fast_n_local_heads, cfg.fast_head_dim, self.dtype, dev)
         self.state = SlotState.allocate(max_slots + 1, self.rows, dev)
         self.rope = rope_table(self.max_ctx + 1, cfg.head_dim, cfg.rope_base, dev)
@@ -202,41 +213,72 @@ class Engine:
 
     @torch.inference_mode()
     def prefill(self, slot: int, columns: torch.Tensor, sample: bool = False) -> torch.Tensor | None:
-        """Append `columns` [rows, T] to the slot's context (chunked under `prefill_chunk` tokens).
+        """Append `columns` [rows, T] to one slot's context, in chunks of `prefill_chunk` positions.
 
         With sample=True the last position's output samples frame 0 of a turn (call `set_params` first); returns
         that column [rows] (on the device) and stores it as the slot's next input.
         """
         T = columns.shape[1]
-        if T == 0:
-            if sample:
-                raise ValueError("cannot sample a frame from an empty prefill")
-            return None
-        # A sampled frame needs one more position to be fed; refuse rather than corrupt the cache.
-        if self.host_pos[slot] + T + (1 if sample else 0) > self.max_ctx:
-            raise ContextFullError(
-                f"prompt of {T} positions does not fit: slot has {self.room(slot)} of {self.max_ctx} positions left"
-            )
-        cols = columns.to(self.device, non_blocking=True)
-        slots = torch.tensor([slot], device=self.device)
-        hidden = None
+        self.check_room(slot, T, sample)
+        out = None
         for start in range(0, T, self.prefill_chunk):
-            chunk = cols[:, start:start + self.prefill_chunk]
-            p0 = self.host_pos[slot]
-            positions = torch.arange(p0, p0 + chunk.shape[1], device=self.device)[None]
-            x = self.model.embed(chunk[None])
-            if self.trace is not None:
-                self.trace("embeddings", x[0])
-            hidden = self.model.forward_slow(x, self.rope[positions], self.kv.k, self.kv.v, slots, positions,
-                                             p0 + chunk.shape[1])
-            self.host_pos[slot] = p0 + chunk.shape[1]
-        self.state.pos[slot] = self.host_pos[slot]
-        if not sample:
+            last = start + self.prefill_chunk >= T
+            res = self.prefill_batch([PrefillItem(slot, columns[:, start:start + self.prefill_chunk], sample and last)])
+            out = None if res is None else res[0]
+        return out
+
+    def check_room(self, slot: int, positions: int, sample: bool) -> None:
+        """Refuse, before touching the cache, a prefill that would not fit the slot's context."""
+        if positions == 0 and sample:
+            raise ValueError("cannot sample a frame from an empty prefill")
+        # A sampled frame needs one more position to be fed.
+        if self.host_pos[slot] + positions + (1 if sample else 0) > self.max_ctx:
+            raise ContextFullError(
+                f"{positions} new positions do not fit: the stream has {self.room(slot)} of {self.max_ctx} "
+                "context positions left"
+            )
+
+    @torch.inference_mode()
+    def prefill_batch(self, items: list[PrefillItem]) -> torch.Tensor | None:
+        """One forward over several slots' prompt chunks (padded to the longest) -> frame-0 columns [n_sampled, rows]
+        of the items with sample=True, in order (None if none samples).
+
+        Padding tokens sit at the spare position `max_ctx` of their own slot: their K/V writes land where no real
+        query reads, and their outputs are dropped.
+        """
+        if not items:
             return None
-        assert hidden is not None
-        col, _ = self._sample_frame(hidden[:, -1], slots, self.fast_kv_prefill, decode=False)
-        self._commit(slots, col, decode=False)
-        return col[0]
+        if len(items) > self.prefill_rows:
+            raise ValueError(f"at most {self.prefill_rows} prefill items per batch")
+        for it in items:
+            self.check_room(it.slot, it.columns.shape[1], it.sample)
+        lengths = [it.columns.shape[1] for it in items]
+        B, S = len(items), max(lengths)
+        cols = torch.zeros(B, self.rows, S, dtype=torch.int64)
+        positions = torch.full((B, S), self.max_ctx, dtype=torch.int64)
+        for i, it in enumerate(items):
+            p0, t = self.host_pos[it.slot], lengths[i]
+            cols[i, :, :t] = it.columns
+            positions[i, :t] = torch.arange(p0, p0 + t)
+        kv_len = max(self.host_pos[it.slot] + t for it, t in zip(items, lengths))
+        dev = self.device
+        cols, positions = cols.to(dev, non_blocking=True), positions.to(dev, non_blocking=True)
+        slots = torch.tensor([it.slot for it in items], device=dev)
+        x = self.model.embed(cols)
+        if self.trace is not None and B == 1:
+            self.trace("embeddings", x[0])
+        hidden = self.model.forward_slow(x, self.rope[positions], self.kv.k, self.kv.v, slots, positions, kv_len)
+        for it, t in zip(items, lengths):
+            self.host_pos[it.slot] += t
+            self.state.pos[it.slot] = self.host_pos[it.slot]
+        sampled = [i for i, it in enumerate(items) if it.sample]
+        if not sampled:
+            return None
+        rows = torch.tensor(sampled, device=dev)
+        last = torch.tensor([lengths[i] - 1 for i in sampled], device=dev)
+        col, _ = self._sample_frame(hidden[rows, last], slots[rows], self.fast_kv_prefill, decode=False)
+        self._commit(slots[rows], col, decode=False)
+        return col
 
     # ------------------------------------------------------------------ decode
 
