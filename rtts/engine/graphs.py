@@ -1,0 +1,113 @@
+"""Decode-step runner: pads a batch to a bucket and replays that bucket's CUDA graph (eager on CPU).
+
+Graphs are captured once at startup, after warm-up, for every (batch bucket, KV-length bucket) pair, all in one
+memory pool (they never run at the same time: one decode thread replays them in order). Everything that changes per
+step lives in device buffers the graph reads: the slot ids (copied in through a pinned host buffer, non-blocking) and
+the per-slot state inside the engine. Padded rows point at the engine's scratch slot, which is permanently frozen, so
+they are harmless.
+
+KV-length buckets exist because the torch reference attention reads a fixed number of cache positions per graph;
+a kernel that reads each slot's length from device memory needs one bucket (the full context).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from rtts.engine.engine import Engine
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then every 8 up to max_batch (mini-sglang's choice), always including max_batch."""
+    out = [b for b in (1, 2, 4) if b < max_batch] + list(range(8, max_batch, 8))
+    return sorted(set(out + [max_batch]))
+
+
+def kv_buckets(max_len: int, smallest: int = 256) -> list[int]:
+    out, b = [], smallest
+    while b < max_len:
+        out.append(b)
+        b *= 2
+    return out + [max_len]
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    cols: torch.Tensor  # [bucket, rows] output buffer written by each replay
+    finish: torch.Tensor  # [bucket] int8
+
+
+class DecodeRunner:
+    def __init__(self, engine: Engine, use_graphs: bool | None = None, kv_bucketed: bool = True) -> None:
+        self.engine = engine
+        self.device = engine.device
+        self.use_graphs = (engine.device.type == "cuda") if use_graphs is None else use_graphs
+        self.buckets = batch_buckets(engine.max_slots)
+        full = engine.max_ctx + 1
+        self.kv_buckets = kv_buckets(full) if kv_bucketed else [full]
+        cap = self.buckets[-1]
+        self.slots_dev = torch.full((cap,), engine.scratch_slot, dtype=torch.int64, device=self.device)
+        pin = self.device.type == "cuda"
+        # Two pinned staging buffers: the one written for step t is not reused before step t-1 completed.
+        self._staging = [torch.empty(cap, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._turn = 0
+        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.capture_seconds = 0.0
+
+    def bucket_for(self, n: int) -> int:
+        for b in self.buckets:
+            if b >= n:
+                return b
+        raise ValueError(f"batch of {n} exceeds max_running {self.buckets[-1]}")
+
+    def kv_bucket_for(self, kv_len: int) -> int:
+        for b in self.kv_buckets:
+            if b >= kv_len:
+                return b
+        return self.kv_buckets[-1]
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Warm up and capture every bucket pair (largest first, so the shared pool is sized once)."""
+        if not self.use_graphs:
+            return
+        t0 = time.perf_counter()
+        eng = self.engine
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for kv in reversed(self.kv_buckets):
+                for b in reversed(self.buckets):
+                    slots = self.slots_dev[:b]
+                    for _ in range(2):  # warm-up: lazy inits and autotuning happen outside the capture
+                        eng.decode_step(slots, kv)
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, pool=pool, stream=side, capture_error_mode="thread_local"):
+                        cols, finish = eng.decode_step(slots, kv)
+                    self.graphs[(b, kv)] = _Graph(g, cols, finish)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        self.capture_seconds = time.perf_counter() - t0
+
+    def step(self, slots: list[int], kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Launch one decode step for `slots` on the current stream -> (cols [>= n, rows], finish [>= n]) on the
+        device; rows past len(slots) are padding. Nothing here waits for the GPU."""
+        n = len(slots)
+        eng = self.engine
+        if not self.use_graphs:
+            idx = torch.tensor(slots, dtype=torch.int64, device=self.device)
+            return eng.decode_step(idx, min(kv_len, eng.max_ctx + 1))
+        b, kv = self.bucket_for(n), self.kv_bucket_for(kv_len)
+        stage = self._staging[self._turn]
+        self._turn ^= 1
+        stage[:n] = torch.tensor(slots, dtype=torch.int64)
+        stage[n:b] = eng.scratch_slot
+        self.slots_dev[:b].copy_(stage[:b], non_blocking=True)
+        g = self.graphs[(b, kv)]
+        g.graph.replay()
+        return g.cols, g.finish

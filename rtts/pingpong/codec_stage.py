@@ -1,0 +1,141 @@
+"""The codec thread: kept frames → PCM, decoded incrementally per stream and batched across streams.
+
+Each stream's codec state (conv tails, attention window) lives in its slot's row of one `CodecStreamState`, and
+continues across the turns of a session, so a session's audio is exactly the whole-utterance decode of all its kept
+codes. A turn's first chunk goes out after `first_chunk_frames` frames (time to first audio); later chunks wait for
+the latency mode's chunk size, which makes each decode call (and each network message) larger.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from rtts.model.codec import Codec
+from rtts.pingpong.device import Device
+from rtts.pingpong.outbox import AudioChunk
+from rtts.pingpong.state import STOP, CodecFrames, CodecReset, Stream, Turn
+from rtts.types import FinishReason
+
+log = logging.getLogger("rtts.codec")
+
+CHUNK_FRAMES = {"low": 2, "balanced": 4, "normal": 8}
+
+
+@dataclass
+class _Audio:
+    stream: Stream
+    turn: Turn
+    buffered: list[torch.Tensor] = field(default_factory=list)  # [n, num_codebooks] rows not yet decoded
+    kept: list[torch.Tensor] = field(default_factory=list)  # every kept frame of the turn (for TurnEnd.codes)
+    delivered: int = 0
+    final: bool = False
+    reason: FinishReason = FinishReason.RUNNING
+    message: str = ""
+
+    @property
+    def n_buffered(self) -> int:
+        return sum(t.shape[0] for t in self.buffered)
+
+
+class CodecWorker:
+    def __init__(self, codec: Codec, dev: Device, capacity: int, first_chunk_frames: int = 1,
+                 max_buffer_seconds: float = 120.0) -> None:
+        self.codec = codec
+        self.dev = dev
+        self.stream = dev.new_stream()
+        self.inbox: queue.Queue[object] = queue.Queue()
+        self.first_chunk_frames = first_chunk_frames
+        self.sample_rate = codec.config.sample_rate
+        self.max_buffer_samples = int(max_buffer_seconds * self.sample_rate)
+        self.state = codec.new_stream_state(capacity)  # owned by this thread
+        self.pending: dict[int, _Audio] = {}  # turn id -> audio; owned by this thread
+        self.frames_decoded = 0
+
+    def run(self) -> None:
+        with self.dev.on(self.stream):
+            while self._drain(block=not self._ready()):
+                ready = self._ready()
+                if ready:
+                    self._decode(ready)
+
+    def _drain(self, block: bool) -> bool:
+        while True:
+            try:
+                msg = self.inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if msg is STOP:
+                for a in self.pending.values():
+                    a.turn.finish(FinishReason.ERROR, "server shutting down", a.delivered)
+                return False
+            if isinstance(msg, CodecReset):
+                mask = torch.zeros(self.state.capacity, dtype=torch.bool, device=self.codec.device)
+                mask[msg.slot] = True
+                self.state.reset(mask)
+                continue
+            assert isinstance(msg, CodecFrames)
+            if msg.turn.outbox.closed:
+                continue
+            if msg.turn.id not in self.pending:
+                self.pending[msg.turn.id] = _Audio(msg.stream, msg.turn)
+            a = self.pending[msg.turn.id]
+            if msg.codes.numel():
+                a.buffered.append(msg.codes)
+                a.kept.append(msg.codes)
+            if msg.final:
+                a.final, a.reason, a.message = True, msg.reason, msg.message
+                if msg.reason == FinishReason.CANCELLED:  # drop audio not yet decoded
+                    a.buffered.clear()
+
+    def _target(self, a: _Audio) -> int:
+        if a.delivered == 0:
+            return self.first_chunk_frames
+        return CHUNK_FRAMES.get(a.turn.latency, CHUNK_FRAMES["balanced"])
+
+    def _ready(self) -> list[_Audio]:
+        for a in self.pending.values():
+            if a.turn.cancelled and a.reason != FinishReason.ERROR:
+                a.buffered.clear()
+                a.final, a.reason = True, FinishReason.CANCELLED
+        return [a for a in self.pending.values() if a.final or a.n_buffered >= self._target(a)]
+
+    def _decode(self, ready: list[_Audio]) -> None:
+        by_len: dict[int, list[_Audio]] = {}
+        for a in ready:
+            n = a.n_buffered
+            if n:
+                by_len.setdefault(n, []).append(a)
+        for n, group in by_len.items():
+            codes = torch.stack([torch.cat(a.buffered)[:, :].T for a in group])  # [B, num_codebooks, n]
+            slots = torch.tensor([a.stream.slot for a in group], device=self.codec.device)
+            try:
+                pcm = self.codec.decode_stream(codes.to(self.codec.device), self.state, slots).float().cpu().numpy()
+            except Exception as e:
+                log.exception("codec decode failed")
+                for a in group:
+                    a.buffered.clear()
+                    a.final, a.reason, a.message = True, FinishReason.ERROR, f"codec failed: {e}"
+                continue
+            self.frames_decoded += n * len(group)
+            for a, samples in zip(group, pcm):
+                a.buffered.clear()
+                a.turn.outbox.put(AudioChunk(np.ascontiguousarray(samples, dtype=np.float32), self.sample_rate, n,
+                                             a.delivered, a.turn.t_submit))
+                a.delivered += n
+                a.turn.frames_delivered = a.delivered
+                if a.turn.outbox.buffered_samples > self.max_buffer_samples and not a.final:
+                    # The consumer stopped reading: end the turn rather than buffer without bound.
+                    a.turn.cancelled = True
+                    a.final, a.reason, a.message = True, FinishReason.ERROR, "client is not reading audio"
+        for a in ready:
+            if a.final and not a.buffered:
+                del self.pending[a.turn.id]
+                kept = (torch.cat(a.kept).T.numpy() if a.kept
+                        else np.zeros((self.codec.config.num_codebooks, 0), dtype=np.int64))
+                a.turn.finish(a.reason, a.message, a.delivered, kept)

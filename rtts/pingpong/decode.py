@@ -1,0 +1,180 @@
+"""The decode thread: one batched step over every generating stream, again and again, with no host barrier.
+
+Loop (top to bottom):
+    admit / cancel / release what the inbox holds
+    launch step t          (slot ids in through a pinned buffer; graph replay; columns out to a pinned ring buffer)
+    collect step t-1       (wait for its copy event, which the GPU passed long ago; hand kept frames to the codec,
+                            retire finished turns)
+The host therefore reads step t-1 while step t is already queued: the GPU never waits for Python between steps.
+A stream that finished at step t-1 rides along in step t frozen (the engine leaves its state untouched).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from rtts.engine.engine import Engine
+from rtts.engine.graphs import DecodeRunner
+from rtts.pingpong.device import Device
+from rtts.pingpong.slots import SlotAllocator
+from rtts.pingpong.state import STOP, Admit, CancelTurn, CodecFrames, Release, Stream, Turn
+from rtts.types import FinishReason
+
+log = logging.getLogger("rtts.decode")
+
+
+@dataclass
+class _Running:
+    stream: Stream
+    turn: Turn
+    pos: int  # upper bound of the slot's KV length (exact until the turn's finish is seen)
+
+
+@dataclass
+class _InFlight:
+    rows: list[tuple[int, int]]  # (slot, turn id) of each batch row
+    cols: torch.Tensor  # pinned host view [n, rows]
+    finish: torch.Tensor  # pinned host view [n]
+    done: torch.cuda.Event | None
+    t_launch: float
+
+
+@dataclass
+class DecodeStats:
+    steps: int = 0
+    frames: int = 0  # kept frames produced
+    rows: int = 0  # sum of batch sizes
+    step_log: list[tuple[float, int]] = field(default_factory=list)  # (launch time, batch) of recent steps
+
+
+class DecodeWorker:
+    def __init__(
+        self,
+        engine: Engine,
+        runner: DecodeRunner,
+        dev: Device,
+        slots: SlotAllocator,
+        to_codec: queue.Queue[object],
+        on_turn_end: Callable[[Stream], None],
+    ) -> None:
+        self.engine, self.runner, self.dev, self.slots = engine, runner, dev, slots
+        self.stream = dev.new_stream()
+        self.inbox: queue.Queue[object] = queue.Queue()
+        self.to_codec = to_codec
+        self.on_turn_end = on_turn_end
+        self.running: dict[int, _Running] = {}  # slot -> stream; owned by this thread
+        cap, rows = runner.buckets[-1], engine.rows
+        pin = dev.cuda
+        self._ring = [(torch.empty(cap, rows, dtype=torch.int64, pin_memory=pin),
+                       torch.empty(cap, dtype=torch.int8, pin_memory=pin)) for _ in range(2)]
+        self._turn = 0
+        self.stats = DecodeStats()
+        self.on_step: Callable[[int], None] | None = None  # test hook: called with the batch size after a launch
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> None:
+        with self.dev.on(self.stream):
+            inflight: _InFlight | None = None
+            while True:
+                if not self._drain(block=not self.running and inflight is None):
+                    break
+                launched = self._launch() if self.running else None
+                if inflight is not None:
+                    self._collect(inflight, launched)
+                inflight = launched
+            for run in list(self.running.values()):
+                self._retire(run, FinishReason.ERROR, "server shutting down")
+
+    def _drain(self, block: bool) -> bool:
+        while True:
+            try:
+                msg = self.inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if msg is STOP:
+                return False
+            if isinstance(msg, Admit):
+                self.dev.wait(msg.ready)
+                run = _Running(msg.stream, msg.turn, msg.pos)
+                self.running[msg.stream.slot] = run
+                if msg.turn.cancelled:  # cancelled while its prefill finished: never step it
+                    self.engine.cancel(msg.stream.slot)
+                    self._retire(run, FinishReason.CANCELLED)
+            elif isinstance(msg, CancelTurn):
+                cur = self.running.get(msg.stream.slot)
+                if cur is not None and cur.turn is msg.turn:
+                    self.engine.cancel(msg.stream.slot)  # device write, ordered before the next step
+                    self._retire(cur, FinishReason.CANCELLED)
+            elif isinstance(msg, Release):
+                cur = self.running.get(msg.stream.slot)
+                if cur is not None:
+                    self.engine.cancel(msg.stream.slot)
+                    self._retire(cur, FinishReason.CANCELLED, advance=False)
+                self.slots.release(msg.stream.slot, self.dev.record())
+
+    # ------------------------------------------------------------------ one step
+
+    def _launch(self) -> _InFlight:
+        slots = sorted(self.running)
+        runs = [self.running[s] for s in slots]
+        kv_len = max(r.pos for r in runs) + 1
+        t = time.perf_counter()
+        try:
+            cols, finish = self.runner.step(slots, kv_len)
+        except Exception as e:  # a failed step fails its turns, not the thread
+            log.exception("decode step failed")
+            for r in runs:
+                self.engine.cancel(r.stream.slot)
+                self._retire(r, FinishReason.ERROR, f"decode failed: {e}")
+            return _InFlight([], self._ring[0][0][:0], self._ring[0][1][:0], None, t)
+        n = len(slots)
+        hc, hf = self._ring[self._turn]
+        self._turn ^= 1
+        hc[:n].copy_(cols[:n], non_blocking=True)
+        hf[:n].copy_(finish[:n], non_blocking=True)
+        done = self.dev.record()
+        for r in runs:
+            r.pos += 1
+        self.stats.steps += 1
+        self.stats.rows += n
+        if self.on_step is not None:
+            self.on_step(n)
+        return _InFlight([(s, r.turn.id) for s, r in zip(slots, runs)], hc[:n], hf[:n], done, t)
+
+    def _collect(self, step: _InFlight, launched: _InFlight | None) -> None:
+        self.dev.synchronize(step.done)
+        cols, finish = step.cols.clone(), step.finish.clone()
+        for row, (slot, turn_id) in enumerate(step.rows):
+            run = self.running.get(slot)
+            if run is None or run.turn.id != turn_id:
+                continue  # retired or cancelled since the launch: this row was frozen or is stale
+            if run.turn.cancelled:
+                self.engine.cancel(slot)
+                self._retire(run, FinishReason.CANCELLED)
+                continue
+            run.turn.frames_sampled += 1
+            reason = FinishReason(int(finish[row]))
+            if reason == FinishReason.RUNNING:
+                # A frame is kept iff another frame follows it (the reference drops the last sampled frame).
+                self.to_codec.put(CodecFrames(run.stream, run.turn, cols[row, 1:][None]))
+                self.stats.frames += 1
+            else:
+                self._retire(run, reason, event=launched.done if launched is not None else step.done)
+
+    def _retire(self, run: _Running, reason: FinishReason, message: str = "",
+                event: torch.cuda.Event | None = None, advance: bool = True) -> None:
+        """The turn ended: leave the batch, flush the codec, let the stream's next turn start."""
+        del self.running[run.stream.slot]
+        run.stream.decode_done = event if event is not None else self.dev.record()
+        self.to_codec.put(CodecFrames(run.stream, run.turn, torch.empty(0, 0, dtype=torch.int64), final=True,
+                                      reason=reason, message=message))
+        if advance:
+            self.on_turn_end(run.stream)

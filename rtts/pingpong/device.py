@@ -1,0 +1,45 @@
+"""CUDA streams and events when there is a GPU, no-ops on CPU (where each thread's ops are synchronous)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+
+class Device:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+
+    def new_stream(self) -> torch.cuda.Stream | None:
+        return torch.cuda.Stream(device=self.device) if self.cuda else None
+
+    @contextlib.contextmanager
+    def on(self, stream: torch.cuda.Stream | None) -> Iterator[None]:
+        """Run the block with `stream` as the current CUDA stream (and with grad off, for worker threads)."""
+        with torch.inference_mode():
+            if stream is None:
+                yield
+            else:
+                with torch.cuda.stream(stream):
+                    yield
+
+    def record(self) -> torch.cuda.Event | None:
+        """An event after everything enqueued so far on the current stream."""
+        if not self.cuda:
+            return None
+        ev = torch.cuda.Event()
+        ev.record()
+        return ev
+
+    def wait(self, event: torch.cuda.Event | None) -> None:
+        """Make the current stream wait for `event` (GPU-side; the host does not block)."""
+        if event is not None:
+            torch.cuda.current_stream(self.device).wait_event(event)
+
+    @staticmethod
+    def synchronize(event: torch.cuda.Event | None) -> None:
+        if event is not None:
+            event.synchronize()

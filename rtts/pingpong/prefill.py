@@ -1,0 +1,186 @@
+"""The prefill thread: voice prompts and text turns, chunked and batched under a token budget.
+
+Loop: take new jobs → pick a batch (at most one job per stream, the oldest of each, text turns first with a share
+kept for voice prompts) → run one padded forward of one chunk per job → hand finished turns to the decode thread.
+A long prompt is cut into `prefill_chunk`-position chunks, so a decode step never waits behind more than one chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Callable
+
+import torch
+
+from rtts.engine.engine import ContextFullError, Engine
+from rtts.model.errors import PromptError
+from rtts.model.prompt import PromptBuilder
+from rtts.pingpong.device import Device
+from rtts.pingpong.state import STOP, Admit, CodecFrames, CodecReset, PrefillJob, Release, Stream
+from rtts.types import FinishReason
+
+log = logging.getLogger("rtts.prefill")
+
+VOICE_SHARE = 4  # every 4th pick offers voice prompts first, so a stream of turns cannot starve them
+
+
+class PrefillWorker:
+    def __init__(
+        self,
+        engine: Engine,
+        dev: Device,
+        to_decode: queue.Queue[object],
+        to_codec: queue.Queue[object],
+        on_turn_end: Callable[[Stream], None],
+        chunk: int,
+        token_budget: int,
+    ) -> None:
+        self.engine = engine
+        self.dev = dev
+        self.stream = dev.new_stream()
+        self.inbox: queue.Queue[object] = queue.Queue()
+        self.to_decode, self.to_codec = to_decode, to_codec
+        self.on_turn_end = on_turn_end
+        self.chunk, self.budget = chunk, token_budget
+        cfg = engine.config
+        self.builder = PromptBuilder(engine.tokenizer, cfg.num_codebooks, cfg.format, cfg.codebook_size)
+        self.pending: list[PrefillJob] = []  # owned by this thread
+        self._picks = 0
+        self.batches = 0  # counters for metrics and tests
+        self.positions = 0
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> None:
+        with self.dev.on(self.stream):
+            while self._drain(block=not self.pending):
+                batch = self._pick()
+                if batch:
+                    self._run(batch)
+
+    def _drain(self, block: bool) -> bool:
+        while True:
+            try:
+                msg = self.inbox.get(block=block)
+            except queue.Empty:
+                return True
+            if msg is STOP:
+                for job in self.pending:
+                    if job.turn is not None:
+                        job.turn.finish(FinishReason.ERROR, "server shutting down")
+                self.pending.clear()
+                return False
+            block = False
+            if isinstance(msg, Release):
+                # Close: no more prompt work for this stream; then the decode thread frees the slot.
+                for job in [j for j in self.pending if j.stream is msg.stream]:
+                    if job.turn is None:
+                        self.pending.remove(job)
+                    else:
+                        self._end(job, FinishReason.CANCELLED)
+                self.to_decode.put(msg)
+                continue
+            assert isinstance(msg, PrefillJob)
+            self.pending.append(msg)
+
+    def _pick(self) -> list[PrefillJob]:
+        firsts: dict[int, PrefillJob] = {}
+        for job in self.pending:
+            firsts.setdefault(job.stream.id, job)
+        turns = [j for j in firsts.values() if j.turn is not None]
+        voices = [j for j in firsts.values() if j.turn is None]
+        self._picks += 1
+        order = voices + turns if self._picks % VOICE_SHARE == 0 else turns + voices
+        batch: list[PrefillJob] = []
+        width = 0
+        for job in order:
+            if len(batch) == self.engine.prefill_rows:
+                break
+            if job.done == 0 and not self._start(job):
+                continue
+            assert job.columns is not None
+            n = min(self.chunk, job.columns.shape[1] - job.done)
+            w = max(width, n)
+            if batch and (len(batch) + 1) * w > self.budget:
+                continue
+            batch.append(job)
+            width = w
+        return batch
+
+    # ------------------------------------------------------------------ one job
+
+    def _start(self, job: PrefillJob) -> bool:
+        """First chunk of a job: order after the slot's last decode step, build and check the prompt.
+        False if the job ended here (cancelled or refused)."""
+        eng, stream, turn = self.engine, job.stream, job.turn
+        self.dev.wait(stream.decode_done)
+        if turn is None:  # voice prompt of a new stream: the slot is fresh
+            eng.reset_slot(stream.slot)
+            self.to_codec.put(CodecReset(stream.slot))
+            return True
+        if turn.cancelled or stream.error:
+            self._end(job, FinishReason.CANCELLED if turn.cancelled else FinishReason.ERROR, stream.error)
+            return False
+        eng.end_turn(stream.slot)  # true KV length after the previous turn (one read per turn)
+        try:
+            job.columns = self.builder.turn(turn.text, after_turn=stream.turn_open)
+            eng.check_room(stream.slot, job.columns.shape[1], sample=True)
+            eng.set_params(stream.slot, turn.params)
+        except (PromptError, ContextFullError, ValueError) as e:
+            self._end(job, FinishReason.ERROR, str(e))
+            return False
+        return True
+
+    def _end(self, job: PrefillJob, reason: FinishReason, message: str = "") -> None:
+        self.pending.remove(job)
+        if job.turn is not None:
+            job.turn.cancelled = job.turn.cancelled or reason == FinishReason.CANCELLED
+            self.to_codec.put(CodecFrames(job.stream, job.turn, torch.empty(0, 0, dtype=torch.int64), final=True,
+                                          reason=reason, message=message))
+            job.stream.decode_done = self.dev.record()
+            self.on_turn_end(job.stream)
+
+    def _run(self, batch: list[PrefillJob]) -> None:
+        items = [job.next_item(self.chunk) for job in batch]
+        try:
+            frames = self.engine.prefill_batch(items)
+        except Exception as e:  # a worker thread never dies on one bad batch
+            log.exception("prefill failed")
+            for job in batch:
+                if job.turn is None:
+                    job.stream.error = f"voice prompt failed: {e}"
+                    self.pending.remove(job)
+                else:
+                    self._end(job, FinishReason.ERROR, f"prefill failed: {e}")
+            return
+        self.batches += 1
+        sampled = 0
+        for job, item in zip(batch, items):
+            job.done += item.columns.shape[1]
+            self.positions += item.columns.shape[1]
+            assert job.columns is not None
+            if job.done < job.columns.shape[1]:
+                continue
+            if job.turn is None:
+                self.pending.remove(job)
+                continue
+            assert frames is not None
+            self._finish_turn_prefill(job, frames[sampled])
+            sampled += 1
+
+    def _finish_turn_prefill(self, job: PrefillJob, frame0: torch.Tensor) -> None:
+        """Frame 0 is sampled: send it to the codec at once (time to first audio) and the stream to decode."""
+        stream, turn = job.stream, job.turn
+        assert turn is not None
+        stream.turn_open = True  # the KV now holds an open assistant turn, whatever happens next
+        col = frame0.cpu()  # one host sync per turn, on this thread's stream only
+        finish = FinishReason(int(self.engine.state.finish[stream.slot]))
+        turn.frames_sampled = 1
+        if turn.cancelled or finish != FinishReason.RUNNING:
+            # Frame 0 ended the turn (cap of 1 frame, full context) or the turn was cancelled: it is not kept.
+            self._end(job, FinishReason.CANCELLED if turn.cancelled else finish)
+            return
+        self.pending.remove(job)
+        self.to_codec.put(CodecFrames(stream, turn, col[None, 1:]))
+        self.to_decode.put(Admit(stream, turn, col, self.engine.host_pos[stream.slot], self.dev.record()))

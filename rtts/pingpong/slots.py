@@ -1,0 +1,41 @@
+"""Slot allocation. A slot is one row of every per-stream structure (slow KV, sampling state, codec state)."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+import torch
+
+
+class NoSlotError(RuntimeError):
+    """Every slot is taken (max_running concurrent streams)."""
+
+
+class SlotAllocator:
+    """Thread-safe free list. A released slot carries the event of the last GPU step that used it: whoever takes it
+    next makes its own CUDA stream wait for that event before writing the slot (no host sync)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._free: deque[int] = deque(range(n))
+        self._events: dict[int, torch.cuda.Event | None] = {}
+        self._lock = threading.Lock()
+
+    def acquire(self) -> tuple[int, torch.cuda.Event | None]:
+        with self._lock:
+            if not self._free:
+                raise NoSlotError(f"all {self.n} streams are busy; try again later")
+            slot = self._free.popleft()
+            return slot, self._events.pop(slot, None)
+
+    def release(self, slot: int, event: torch.cuda.Event | None) -> None:
+        with self._lock:
+            assert slot not in self._free, f"slot {slot} released twice"
+            self._events[slot] = event
+            self._free.append(slot)
+
+    @property
+    def free(self) -> int:
+        with self._lock:
+            return len(self._free)

@@ -1,0 +1,157 @@
+"""Scheduler state shared by the threads, and who writes what.
+
+Data flow for one stream (a session's conversation, owning one engine slot for its whole life):
+
+    open(references) ──▶ prefill queue: voice-prompt job ──▶ prefill thread writes the slot's KV
+    speak(text) ──▶ stream.turns ──▶ (when the stream is idle) prefill queue: turn job
+        ──▶ prefill thread: turn prompt + frame 0 ──▶ decode inbox: Admit
+        ──▶ decode thread: one batched step per frame for every running stream; results read one step late
+        ──▶ codec inbox: kept frames ──▶ codec thread: batched streaming decode ──▶ turn.outbox: AudioChunk…, TurnEnd
+    cancel() / close() ──▶ both threads' inboxes; the slot returns to the free list once no step in flight uses it.
+
+Each mutable structure has one owner thread; others reach it only through queues, except the few fields of `Stream`
+guarded by `Stream.lock` (the turn queue and the busy flag), which the caller's thread and the decode thread share.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rtts.engine.engine import PrefillItem
+from rtts.pingpong.outbox import Outbox, TurnEnd
+from rtts.types import FinishReason, SamplingParams
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class Turn:
+    """One text turn of a stream. Created by `speak`; its outbox is the caller's result stream."""
+
+    text: str
+    params: SamplingParams
+    outbox: Outbox
+    latency: str = "balanced"  # chunking after the first chunk: low / balanced / normal
+    id: int = field(default_factory=lambda: next(_ids))
+    t_submit: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False  # set by any thread; workers check it between steps
+    # written by the decode thread
+    frames_sampled: int = 0
+    # written by the codec thread
+    frames_delivered: int = 0
+
+    def finish(self, reason: FinishReason, message: str = "", frames: int | None = None, codes: Any = None) -> None:
+        self.outbox.put(TurnEnd(reason, self.frames_delivered if frames is None else frames, message, codes,
+                                self.t_submit))
+
+
+@dataclass
+class Stream:
+    """A live conversation bound to one engine slot."""
+
+    slot: int
+    id: int = field(default_factory=lambda: next(_ids))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # guarded by lock: turns waiting behind the active one, and whether a turn is active (prefilling or decoding)
+    turns: deque[Turn] = field(default_factory=deque)
+    busy: bool = False
+    closed: bool = False
+    # written by the prefill thread only
+    turn_open: bool = False  # an assistant turn is open in the KV context (the next turn closes it first)
+    # written by the decode thread, read by the prefill thread after the turn ended: the last decode step that
+    # included this slot; the next prefill on the slot waits for it (GPU ordering, no host sync)
+    decode_done: torch.cuda.Event | None = None
+    error: str = ""  # set when the voice prompt failed: every later turn fails with this message
+
+    def submit(self, turn: Turn) -> bool:
+        """Queue a turn; True if it should start now (the stream was idle)."""
+        with self.lock:
+            if self.busy:
+                self.turns.append(turn)
+                return False
+            self.busy = True
+            return True
+
+    def advance(self) -> Turn | None:
+        """The active turn ended: the next queued turn to start, or None (the stream goes idle)."""
+        with self.lock:
+            if self.turns and not self.closed:
+                return self.turns.popleft()
+            self.busy = False
+            return None
+
+    def drop_queued(self) -> list[Turn]:
+        with self.lock:
+            dropped = list(self.turns)
+            self.turns.clear()
+            return dropped
+
+
+@dataclass
+class PrefillJob:
+    """Prompt work for one stream: the voice prompt (turn is None) or a text turn (samples frame 0 at the end)."""
+
+    stream: Stream
+    turn: Turn | None
+    columns: torch.Tensor | None = None  # [rows, T]; built by the prefill thread for turns
+    done: int = 0  # positions already prefilled
+    voice_first: bool = False  # open job: reset the slot before the first chunk
+
+    def next_item(self, chunk: int) -> PrefillItem:
+        assert self.columns is not None
+        end = min(self.done + chunk, self.columns.shape[1])
+        last = end == self.columns.shape[1]
+        return PrefillItem(self.stream.slot, self.columns[:, self.done:end], sample=last and self.turn is not None)
+
+
+@dataclass
+class Admit:
+    """Prefill → decode: a turn whose frame 0 is sampled; the stream joins the running batch."""
+
+    stream: Stream
+    turn: Turn
+    frame0: torch.Tensor  # [rows] int64 on the CPU
+    pos: int  # KV length after the prefill (frame 0 not yet fed)
+    ready: torch.cuda.Event | None  # the prefill's writes; the decode stream waits for it before the next step
+
+
+@dataclass
+class CancelTurn:
+    stream: Stream
+    turn: Turn
+
+
+@dataclass
+class Release:
+    """Close: free the stream's slot once no step in flight uses it."""
+
+    stream: Stream
+
+
+@dataclass
+class CodecFrames:
+    """Decode → codec: kept frames of a turn, in order; final=True after the last one."""
+
+    stream: Stream
+    turn: Turn
+    codes: torch.Tensor  # [n, num_codebooks] int64 on the CPU (may be empty when final)
+    final: bool = False
+    reason: FinishReason = FinishReason.RUNNING
+    message: str = ""
+
+
+@dataclass
+class CodecReset:
+    """A new stream took this slot: zero its codec streaming state."""
+
+    slot: int
+
+
+STOP = object()  # sentinel for every worker inbox

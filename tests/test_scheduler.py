@@ -1,0 +1,372 @@
+"""The ping-pong scheduler on CPU: a fake engine for admission/cancel/fairness/bounds, the golden tiny model for
+exactness under concurrency, and a randomized open/speak/cancel/close run that must leave nothing behind."""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fakes import FakeCodec, FakeEngine, expected_codes
+
+from rtts.engine.engine import Engine
+from rtts.model.codec import Codec, load_codec
+from rtts.model.errors import PromptError
+from rtts.model.loading import LoadedModel, load_model
+from rtts.model.prompt import Reference
+from rtts.pingpong import AudioChunk, NoSlotError, Scheduler, SchedulerConfig, TurnEnd
+from rtts.pingpong.outbox import Outbox
+from rtts.types import FinishReason, SamplingParams
+
+TIMEOUT = 60.0
+
+
+@pytest.fixture(scope="module")
+def tiny(golden: Path) -> LoadedModel:
+    return load_model(golden / "tiny-s2")
+
+
+@pytest.fixture(scope="module")
+def tiny_codec(golden: Path) -> Codec:
+    return load_codec(golden / "tiny-s2")
+
+
+def drain(outbox: Outbox) -> tuple[list[AudioChunk], TurnEnd]:
+    chunks: list[AudioChunk] = []
+    while True:
+        item = outbox.get(timeout=TIMEOUT)
+        if isinstance(item, TurnEnd):
+            return chunks, item
+        chunks.append(item)
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(0.002)
+
+
+def assert_idle(sch: Scheduler) -> None:
+    """Everything released: slots free, no worker holds a stream or turn."""
+    wait_for(lambda: sch.slots.free == sch.engine.max_slots)
+    wait_for(lambda: not sch.decode.running and not sch.prefill.pending and not sch.codec_worker.pending)
+    assert sch.active_streams == 0
+
+
+class FakeSetup:
+    def __init__(self, tiny: LoadedModel, slots: int = 4, **kw: float) -> None:
+        codec_s = kw.pop("decode_seconds", 0.0)
+        self.engine = FakeEngine(tiny, slots, max_ctx=512, **kw)  # type: ignore[arg-type]
+        self.codec = FakeCodec(codec_s)
+        e = self.engine
+        self.args = (e.sem_begin, e.sem_end - e.sem_begin + 1, e.im_end, e.rows)
+
+    def expected(self, seed: int, max_frames: int) -> np.ndarray:
+        return np.array(expected_codes(seed, max_frames, *self.args), dtype=np.int64).reshape(-1, 10).T
+
+
+@pytest.fixture
+def fake(tiny: LoadedModel) -> Iterator[tuple[FakeSetup, Scheduler]]:
+    setup = FakeSetup(tiny)
+    sch = Scheduler(setup.engine, setup.codec, SchedulerConfig()).start()  # type: ignore[arg-type]
+    yield setup, sch
+    sch.stop()
+
+
+def params(seed: int, max_frames: int = 64) -> SamplingParams:
+    return SamplingParams(seed=seed, max_frames=max_frames)
+
+
+# ---------------------------------------------------------------------------------------------------- fake engine
+
+
+def test_turns_produce_their_frames_under_concurrency(fake: tuple[FakeSetup, Scheduler]) -> None:
+    setup, sch = fake
+    handles = [sch.open() for _ in range(4)]
+    outs = [(seed, h.speak("hello there", params(seed, 6 if seed % 2 else 64))) for seed, h in enumerate(handles)]
+    for seed, ob in outs:
+        chunks, end = drain(ob)
+        exp = setup.expected(seed, 6 if seed % 2 else 64)
+        assert end.ok and np.array_equal(end.codes, exp)
+        assert end.frames == exp.shape[1] == sum(c.frames for c in chunks)
+        assert [c.first_frame for c in chunks] == list(np.cumsum([0] + [c.frames for c in chunks[:-1]]))
+        assert chunks[0].frames == 1  # the first chunk goes out after one frame
+    for h in handles:
+        h.close()
+    assert_idle(sch)
+
+
+def test_admission_limit_and_slot_reuse(fake: tuple[FakeSetup, Scheduler]) -> None:
+    _, sch = fake
+    handles = [sch.open() for _ in range(4)]
+    with pytest.raises(NoSlotError):
+        sch.open()
+    handles[2].close()
+    wait_for(lambda: sch.slots.free == 1)
+    h = sch.open()
+    _, end = drain(h.speak("reused slot", params(5)))
+    assert end.ok
+    for x in handles[:2] + handles[3:] + [h]:
+        x.close()
+    assert_idle(sch)
+
+
+def test_turns_of_a_stream_run_in_order(fake: tuple[FakeSetup, Scheduler]) -> None:
+    setup, sch = fake
+    h = sch.open()
+    obs = [h.speak(f"turn {i}", params(10 + i)) for i in range(3)]
+    ends = [drain(ob)[1] for ob in obs]
+    assert all(e.ok for e in ends)
+    assert ends[0].t_end <= ends[1].t_end <= ends[2].t_end
+    for i, e in enumerate(ends):
+        assert np.array_equal(e.codes, setup.expected(10 + i, 64))
+    h.close()
+    assert_idle(sch)
+
+
+@pytest.mark.parametrize("state", ["queued", "prefill", "decode", "codec", "idle"])
+def test_cancel_at_every_state(tiny: LoadedModel, state: str) -> None:
+    kw = {"step_seconds": 0.02} if state in ("decode", "queued") else {}
+    if state == "prefill":
+        kw = {"prefill_seconds": 0.3}
+    if state == "codec":
+        kw = {"decode_seconds": 0.3}
+    setup = FakeSetup(tiny, **kw)
+    with Scheduler(setup.engine, setup.codec) as sch:  # type: ignore[arg-type]
+        h = sch.open()
+        other = sch.open()
+        other_ob = other.speak("unaffected", params(3))
+        first = h.speak("first turn", params(2, 200))
+        second = h.speak("second turn", params(4))
+        if state == "queued":
+            h.cancel()
+            assert drain(second)[1].reason == FinishReason.CANCELLED
+            assert drain(first)[1].reason == FinishReason.CANCELLED
+        elif state == "prefill":
+            time.sleep(0.05)
+            h.cancel()
+            assert drain(first)[1].reason == FinishReason.CANCELLED
+        elif state == "decode":
+            wait_for(lambda: h.stream.slot in sch.decode.running)
+            h.cancel()
+            chunks, end = drain(first)
+            assert end.reason == FinishReason.CANCELLED
+            wait_for(lambda: h.stream.slot not in sch.decode.running, timeout=1.0)
+        elif state == "codec":
+            wait_for(lambda: any(a.turn.outbox is first for a in sch.codec_worker.pending.values()))
+            h.cancel()
+            assert drain(first)[1].reason == FinishReason.CANCELLED
+        else:
+            assert drain(first)[1].ok and drain(second)[1].ok
+            h.cancel()  # nothing active: a no-op
+        if state not in ("idle", "queued"):
+            assert drain(second)[1].reason == FinishReason.CANCELLED
+        # The stream stays usable after a cancel, and other streams never noticed.
+        _, end = drain(h.speak("after cancel", params(6)))
+        assert end.ok and np.array_equal(end.codes, setup.expected(6, 64))
+        _, oend = drain(other_ob)
+        assert oend.ok and np.array_equal(oend.codes, setup.expected(3, 64))
+        h.close()
+        other.close()
+        assert_idle(sch)
+
+
+@pytest.mark.parametrize("state", ["prefill", "decode"])
+def test_close_frees_the_slot(tiny: LoadedModel, state: str) -> None:
+    setup = FakeSetup(tiny, slots=2, **({"prefill_seconds": 0.2} if state == "prefill" else {"step_seconds": 0.02}))
+    with Scheduler(setup.engine, setup.codec) as sch:  # type: ignore[arg-type]
+        h = sch.open()
+        ob = h.speak("closing soon", params(1, 300))
+        if state == "decode":
+            wait_for(lambda: h.stream.slot in sch.decode.running)
+        h.close()
+        assert drain(ob)[1].reason == FinishReason.CANCELLED
+        assert_idle(sch)
+        assert drain(h.speak("closed stream", params(1)))[1].reason == FinishReason.ERROR
+
+
+def test_every_running_stream_is_in_every_step(tiny: LoadedModel) -> None:
+    """Fairness in decode: the batch is everyone running; nobody waits for a turn."""
+    setup = FakeSetup(tiny, slots=4, step_seconds=0.005)
+    with Scheduler(setup.engine, setup.codec) as sch:  # type: ignore[arg-type]
+        sizes: list[tuple[int, int]] = []
+        sch.decode.on_step = lambda n: sizes.append((n, len(sch.decode.running)))
+        hs = [sch.open() for _ in range(4)]
+        obs = [h.speak("long", params(9, 40)) for h in hs]
+        for ob in obs:
+            assert drain(ob)[1].ok
+        assert sizes and all(n == running for n, running in sizes)
+        assert max(n for n, _ in sizes) == 4
+        for h in hs:
+            h.close()
+        assert_idle(sch)
+
+
+def test_long_voice_prompt_does_not_starve_turns(tiny: LoadedModel) -> None:
+    """Prefill fairness: a long voice prompt is chunked; a short turn of another stream finishes first."""
+    setup = FakeSetup(tiny, slots=2, prefill_seconds=0.02)
+    cfg = SchedulerConfig(prefill_chunk=16, prefill_token_budget=32)
+    with Scheduler(setup.engine, setup.codec, cfg) as sch:  # type: ignore[arg-type]
+        short = sch.open()
+        wait_for(lambda: not sch.prefill.pending)
+        codes = torch.zeros(10, 300, dtype=torch.int64)
+        long = sch.open([Reference("a long reference", codes)])
+        t0 = time.perf_counter()
+        _, end = drain(short.speak("quick", params(1, 4)))
+        assert end.ok
+        long_done = [j for j in sch.prefill.pending if j.stream is long.stream]
+        assert long_done, "the short turn had to wait for the whole long voice prompt"
+        assert time.perf_counter() - t0 < 300 / 16 * 0.02
+        _, end = drain(long.speak("after", params(2, 4)))
+        assert end.ok
+        short.close()
+        long.close()
+        assert_idle(sch)
+
+
+def test_bounded_queues_and_bad_input(fake: tuple[FakeSetup, Scheduler], tiny: LoadedModel) -> None:
+    setup, sch = fake
+    h = sch.open()
+    obs = [h.speak(f"t{i}", params(i, 2)) for i in range(sch.config.max_queued_turns + 3)]
+    ends = [drain(ob)[1] for ob in obs]
+    refused = [e for e in ends if e.reason == FinishReason.ERROR]
+    assert refused and all("too many queued turns" in e.message for e in refused)
+    with pytest.raises(PromptError):
+        h.speak("   ", params(1))
+    with pytest.raises(ValueError):
+        h.speak("x", SamplingParams(temperature=5.0))
+    with pytest.raises(PromptError):  # a voice prompt larger than the context
+        sch.open([Reference("too long", torch.zeros(10, 600, dtype=torch.int64))])
+    # A turn that cannot fit the remaining context fails alone, with a message.
+    _, end = drain(h.speak("word " * 400, params(1)))
+    assert end.reason == FinishReason.ERROR and "context" in end.message
+    assert drain(h.speak("still fine", params(3)))[1].ok
+    h.close()
+    assert_idle(sch)
+
+
+def test_unread_audio_is_bounded(tiny: LoadedModel) -> None:
+    setup = FakeSetup(tiny, slots=2)
+    # Fake codec: 100 Hz, 4 samples a frame, so 0.2 s = 5 frames; seed 8 runs 11 frames.
+    cfg = SchedulerConfig(max_buffer_seconds=0.2)
+    with Scheduler(setup.engine, setup.codec, cfg) as sch:  # type: ignore[arg-type]
+        h = sch.open()
+        ob = h.speak("nobody reads this", params(8, 400))
+        wait_for(lambda: ob.closed)
+        _, end = drain(ob)
+        assert end.reason == FinishReason.ERROR and "not reading" in end.message
+        # The stream is still usable once the client reads again.
+        assert drain(h.speak("read me", params(1, 3)))[1].ok
+        h.close()
+        assert_idle(sch)
+
+
+# ---------------------------------------------------------------------------------------------------- golden model
+
+
+def _golden_cases(golden: Path) -> dict[str, dict]:  # type: ignore[type-arg]
+    fx = golden / "tiny-s2" / "fixtures"
+    return {c["name"]: c for c in json.loads((fx / "cases.json").read_text())}
+
+
+GREEDY = SamplingParams(temperature=1.0, top_p=0.9, top_k=1, max_frames=24)
+
+
+def test_staggered_streams_match_solo_runs(golden: Path, tiny: LoadedModel, tiny_codec: Codec) -> None:
+    """Streams started at different moments, one cancelled, each produce exactly their solo greedy codes and audio."""
+    fx = golden / "tiny-s2" / "fixtures"
+    cases = _golden_cases(golden)
+    engine = Engine(tiny, max_slots=5, max_ctx=1024, prefill_chunk=64)
+    with Scheduler(engine, tiny_codec, SchedulerConfig(prefill_chunk=64, prefill_token_budget=256)) as sch:
+        runs: dict[str, tuple[object, list[Outbox]]] = {}
+
+        def start(name: str) -> None:
+            c = cases[name]
+            refs = []
+            if c["prompt_text"]:
+                refs = [Reference(c["prompt_text"], torch.from_numpy(np.load(fx / name / "ref_codes.npy")))]
+            h = sch.open(refs)
+            batches = [b["batch_text"] for b in c["batches"]]
+            runs[name] = (h, [h.speak(b, GREEDY, latency="low") for b in batches])
+
+        victim = sch.open()
+        doomed = victim.speak("this one is cancelled half way", SamplingParams(seed=1, max_frames=400))
+        start("case1_ref")
+        wait_for(lambda: sch.decode.stats.steps >= 5)
+        start("case0_noref")
+        victim.cancel()
+        wait_for(lambda: sch.decode.stats.steps >= 12)
+        start("case3_two_batches")
+        start("case2_speaker_nonascii")
+        assert drain(doomed)[1].reason == FinishReason.CANCELLED
+        victim.close()
+
+        for name, (h, obs) in runs.items():
+            all_codes, audio = [], []
+            for i, ob in enumerate(obs):
+                chunks, end = drain(ob)
+                assert end.ok, (name, end)
+                assert np.array_equal(end.codes, np.load(fx / name / f"b{i}.codes.npy")), (name, i)
+                all_codes.append(end.codes)
+                audio.append(np.concatenate([c.pcm for c in chunks]))
+            # The session's audio is the whole-utterance decode of all its kept codes.
+            whole = tiny_codec.decode(torch.from_numpy(np.concatenate(all_codes, axis=1))[None])[0].numpy()
+            assert np.abs(np.concatenate(audio) - whole).max() < 1e-4, name
+            if len(obs) == 1:
+                ref = np.load(fx / name / "b0.codes_decoded.wav.npy")
+                assert np.abs(audio[0] - ref).max() < 1e-4
+            h.close()  # type: ignore[attr-defined]
+        assert_idle(sch)
+
+
+def test_randomized_operations_leave_nothing_behind(tiny: LoadedModel, tiny_codec: Codec) -> None:
+    rng = random.Random(1234)
+    engine = Engine(tiny, max_slots=4, max_ctx=512, prefill_chunk=32)
+    sch = Scheduler(engine, tiny_codec, SchedulerConfig(prefill_chunk=32, prefill_token_budget=128)).start()
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    open_handles: list = []  # type: ignore[type-arg]
+    outboxes: list[Outbox] = []
+    texts = ["Hi.", "How are you doing today?", "A slightly longer sentence to speak out loud.", "Okay!"]
+    for _ in range(200):
+        op = rng.choice(["open", "speak", "speak", "cancel", "close"])
+        if op == "open" or not open_handles:
+            try:
+                open_handles.append(sch.open())
+            except NoSlotError:
+                pass
+        elif op == "speak":
+            h = rng.choice(open_handles)
+            p = SamplingParams(seed=rng.randrange(1000), max_frames=rng.randrange(1, 12))
+            outboxes.append(h.speak(rng.choice(texts), p, latency=rng.choice(["low", "balanced", "normal"])))
+        elif op == "cancel":
+            rng.choice(open_handles).cancel()
+        else:
+            h = open_handles.pop(rng.randrange(len(open_handles)))
+            h.close()
+        time.sleep(rng.random() * 0.004)
+    for h in open_handles:
+        h.close()
+    ends = [drain(ob)[1] for ob in outboxes]
+    assert {e.reason for e in ends} <= {FinishReason.STOP, FinishReason.LENGTH, FinishReason.CANCELLED,
+                                        FinishReason.ERROR}
+    assert all(e.message in ("", "stream is closed") for e in ends if e.reason == FinishReason.ERROR)
+    assert_idle(sch)
+    sch.stop()
+    assert not any(t.is_alive() for t in threading.enumerate() if t.name.startswith("rtts-"))
+    del open_handles, outboxes, ends
+    gc.collect()
+    growth = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    assert growth < 2 << 20, f"{growth} bytes still allocated after every stream closed"
