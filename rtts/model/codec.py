@@ -514,7 +514,18 @@ def load_codec(
     if config is None:
         config_file = file.parent / "codec_config.json"
         config = CodecConfig.from_json(config_file) if config_file.is_file() else CodecConfig.release()
-    raw = _read_state_dict(file)
+    return codec_from_state_dict(_read_state_dict(file), config, device, dtype, source=file)
+
+
+def codec_from_state_dict(
+    raw: dict[str, torch.Tensor],
+    config: CodecConfig,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    source: str | Path = "<state dict>",
+) -> Codec:
+    """Build a codec from an on-disk-layout state dict (validated strictly; `raw` is consumed)."""
+    file = Path(source)
     codec = _meta_codec(config)  # no storage: the real tensors are assigned below
     weights = {}
     for key, tensor in _checked_state_dict(raw, file, codec):

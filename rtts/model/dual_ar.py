@@ -67,19 +67,18 @@ class Attention(nn.Module):
         k_cache.index_put_(idx, k.to(k_cache.dtype))
         v_cache.index_put_(idx, v.to(v_cache.dtype))
 
-        keys = k_cache[:, :kv_len][rows]  # [B, L, n_kv, hd]
-        values = v_cache[:, :kv_len][rows]
+        keys = k_cache[:, :kv_len][rows].transpose(1, 2).to(q.dtype)  # [B, n_kv, L, hd]
+        values = v_cache[:, :kv_len][rows].transpose(1, 2).to(q.dtype)
         # Key j is visible to the query at position p iff j <= p: causal over the whole history of the row.
         mask = torch.arange(kv_len, device=x.device)[None, None, :] <= positions[:, :, None]  # [B, S, L]
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            keys.transpose(1, 2).to(q.dtype),
-            values.transpose(1, 2).to(q.dtype),
-            attn_mask=mask[:, None],
-            scale=1.0 / math.sqrt(self.head_dim),
-            enable_gqa=self.n_head != self.n_kv,
-        )  # [B, H, S, hd]
-        return self.wo(out.transpose(1, 2).reshape(B, S, qs))
+        # GQA without repeating K/V: the g query heads sharing a KV head become g*S query rows of that head
+        # (query head h uses KV head h // g), so one K/V read serves the whole group.
+        g = self.n_head // self.n_kv
+        qg = q.view(B, S, self.n_kv, g, self.head_dim).permute(0, 2, 3, 1, 4).reshape(B, self.n_kv, g * S, -1)
+        mg = mask[:, None, None].expand(B, 1, g, S, kv_len).reshape(B, 1, g * S, kv_len)
+        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mg, scale=1.0 / math.sqrt(self.head_dim))
+        out = out.view(B, self.n_kv, g, S, self.head_dim).permute(0, 3, 1, 2, 4)  # [B, S, n_kv, g, hd]
+        return self.wo(out.reshape(B, S, qs))
 
 
 class Block(nn.Module):

@@ -23,11 +23,13 @@ from typing import Any
 
 import torch
 
-from rtts.model.codec import CodecConfig, random_codec_state_dict
+from rtts.model.codec import Codec, CodecConfig, codec_from_state_dict, random_codec_state_dict
 from rtts.model.config import S1_MINI_CONFIG_JSON, S2_PRO_CONFIG_JSON, DualARConfig
 from rtts.model.dual_ar import DualARTransformer
+from rtts.model.loading import LoadedModel
 from rtts.model.random_tokenizer import write_s1_tokenizer, write_s2_tokenizer
 from rtts.model.safetensors_writer import write_safetensors
+from rtts.model.tokenizer import load_tokenizer
 
 PRESETS = ("s2-pro", "s1-mini", "tiny")
 SHARD_BYTES = 5 << 30  # the release splits its ~9 GB into two shards
@@ -227,3 +229,51 @@ def ensure_default_checkpoint() -> Path:
     except OSError:  # another process finished first
         pass
     return d
+
+
+def random_model(
+    preset: str,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    workdir: str | Path | None = None,
+    codec_dtype: torch.dtype = torch.float32,
+) -> tuple[LoadedModel, Codec]:
+    """A preset's exact shapes with random weights built straight on `device` (no checkpoint files for the
+    weights; only the small tokenizer files are written, to `workdir` or a temporary folder). For benchmarks."""
+    import tempfile
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
+    out = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix=f"rtts-{preset}-"))
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_json = {"s2-pro": S2_PRO_CONFIG_JSON, "s1-mini": S1_MINI_CONFIG_JSON, "tiny": TINY_CONFIG_JSON}[preset]
+    config = DualARConfig.from_dict(cfg_json)
+    (out / "config.json").write_text(json.dumps(cfg_json))
+    if config.format == "s2":
+        num_semantic = (config.semantic_end_token_id or 0) - (config.semantic_start_token_id or 0) + 1
+        write_s2_tokenizer(out, num_base_tokens=(config.eos_token_id or 2) - 2, vocab_size=config.vocab_size,
+                           num_semantic=num_semantic)
+    else:
+        write_s1_tokenizer(out, num_ranks=151643, num_semantic=config.codebook_size)
+    tokenizer = load_tokenizer(out, config.model_type)
+    with torch.device("meta"):
+        model = DualARTransformer(config, tokenizer.semantic_begin_id, tokenizer.semantic_end_id)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, p in list(model.named_parameters()):
+        owner, leaf = name.rsplit(".", 1)
+        if name.endswith("norm.weight"):
+            t = 1.0 + 0.05 * torch.randn(p.shape, generator=gen, device=device)
+        elif leaf == "bias":
+            t = torch.zeros(p.shape, device=device)
+        else:
+            t = 0.02 * torch.randn(p.shape, generator=gen, device=device)
+        model.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(t.to(dtype), requires_grad=False)
+    model.eval()
+    if preset == "tiny":
+        (out / "codec_config.json").write_text(json.dumps(TINY_CODEC_JSON))
+        codec_cfg = CodecConfig.from_json(out / "codec_config.json")
+    else:
+        codec_cfg = CodecConfig.release()
+    codec = codec_from_state_dict(random_codec_state_dict(codec_cfg, seed=seed), codec_cfg, device, codec_dtype)
+    return LoadedModel(config, model, tokenizer, out), codec

@@ -47,6 +47,10 @@ class CodecWorker:
                  max_buffer_seconds: float = 120.0) -> None:
         self.codec = codec
         self.dev = dev
+        if dev.cuda and codec.dtype == torch.float32:
+            # NOTE: cuDNN's default TF32 convolutions put streamed and whole decodes 5e-3 apart (the stream's
+            # convolutions run on other lengths); true float32 keeps them within 2e-5.
+            torch.backends.cudnn.allow_tf32 = False
         self.stream = dev.new_stream()
         self.inbox: queue.Queue[object] = queue.Queue()
         self.first_chunk_frames = first_chunk_frames

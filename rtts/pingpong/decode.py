@@ -76,6 +76,8 @@ class DecodeWorker:
         self._turn = 0
         self.stats = DecodeStats()
         self.on_step: Callable[[int], None] | None = None  # test hook: called with the batch size after a launch
+        # Benchmarks set this to a list: (start, end) CUDA events around each step's GPU work, for idle-time math.
+        self.profile: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
 
     # ------------------------------------------------------------------ loop
 
@@ -127,6 +129,7 @@ class DecodeWorker:
         runs = [self.running[s] for s in slots]
         kv_len = max(r.pos for r in runs) + 1
         t = time.perf_counter()
+        start = self.dev.record() if self.profile is not None else None
         try:
             cols, finish = self.runner.step(slots, kv_len)
         except Exception as e:  # a failed step fails its turns, not the thread
@@ -141,6 +144,8 @@ class DecodeWorker:
         hc[:n].copy_(cols[:n], non_blocking=True)
         hf[:n].copy_(finish[:n], non_blocking=True)
         done = self.dev.record()
+        if self.profile is not None and start is not None and done is not None:
+            self.profile.append((start, done))
         for r in runs:
             r.pos += 1
         self.stats.steps += 1

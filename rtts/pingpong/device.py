@@ -30,7 +30,7 @@ class Device:
         """An event after everything enqueued so far on the current stream."""
         if not self.cuda:
             return None
-        ev = torch.cuda.Event()
+        ev = torch.cuda.Event(enable_timing=True)
         ev.record()
         return ev
 

@@ -88,6 +88,10 @@ class Outbox:
 
     # ---------------------------------------------------------------- consumers
 
+    def poll(self) -> Item | None:
+        """The next item if one is there, else None (never blocks)."""
+        return self._pop()
+
     def get(self, timeout: float | None = None) -> Item:
         """Blocking get (for threads and tests)."""
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -1,0 +1,20 @@
+"""`python -m rtts.bench {scheduler,kernels} ...`"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in ("scheduler",):
+        print("usage: python -m rtts.bench scheduler [options]", file=sys.stderr)
+        sys.exit(2)
+    cmd = sys.argv.pop(1)
+    if cmd == "scheduler":
+        from rtts.bench.scheduler import main as run
+
+        run(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()

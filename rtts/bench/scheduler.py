@@ -1,0 +1,188 @@
+"""Scheduler throughput: aggregate and per-stream frames/s at several concurrencies, and the GPU's idle share.
+
+Each of `c` streams opens with a voice prompt (random reference codes) and speaks turn after turn for the whole
+measurement window, so the decode batch stays at `c`. Numbers:
+- decode frames/s: frames sampled per second by the decode thread (all streams), the LLM's throughput;
+- delivered frames/s: kept frames that reached the outboxes as audio (codec included);
+- GPU idle share: on the decode stream, the time between the end of one step's GPU work and the start of the
+  next, over the whole step period (CUDA events around each step) — the share the GPU waits on Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rtts.bench.common import environment, write_results
+from rtts.engine.engine import Engine
+from rtts.model.codec import CodecConfig
+from rtts.model.prompt import Reference
+from rtts.model.random_checkpoint import random_model
+from rtts.pingpong import AudioChunk, Scheduler, SchedulerConfig, TurnEnd
+from rtts.types import SamplingParams
+
+TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs back home through the quiet evening streets "
+        "while the city lights come on one by one.")
+
+
+class NullCodec:
+    """Stands in for the codec when only the LLM is measured: returns silence at once."""
+
+    def __init__(self, config: CodecConfig) -> None:
+        self.config = config
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32
+
+    def new_stream_state(self, capacity: int) -> Any:
+        class _State:
+            def __init__(self) -> None:
+                self.capacity = capacity
+
+            def reset(self, mask: torch.Tensor) -> None:
+                pass
+
+        return _State()
+
+    def decode_stream(self, codes: torch.Tensor, state: Any, slots: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(codes.shape[0], codes.shape[2] * self.config.frame_length)
+
+
+@dataclass
+class Point:
+    concurrency: int
+    codec: str
+    seconds: float
+    decode_frames_per_s: float
+    delivered_frames_per_s: float
+    per_stream_frames_per_s_mean: float
+    per_stream_frames_per_s_min: float
+    steps_per_s: float
+    mean_batch: float
+    gpu_step_ms: float
+    gpu_gap_ms: float
+    gpu_idle_share: float
+    realtime_factor_per_stream: float  # audio seconds produced per wall second, per stream
+
+
+def measure(sch: Scheduler, c: int, codec_name: str, warmup: float, seconds: float, ref_frames: int,
+            max_frames: int) -> Point:
+    gen = torch.Generator().manual_seed(c)
+    n_sem = sch.engine.tokenizer.num_semantic
+    handles = []
+    for _ in range(c):
+        codes = torch.randint(0, min(1024, sch.engine.config.codebook_size), (10, ref_frames), generator=gen)
+        codes[0] = torch.randint(0, n_sem, (ref_frames,), generator=gen)
+        handles.append(sch.open([Reference("A reference sentence for the voice of this stream.", codes)]))
+    params = SamplingParams(temperature=0.8, top_p=0.8, top_k=30, max_frames=max_frames)
+    outboxes = [h.speak(TEXT, params) for h in handles]
+    delivered = [0] * c
+    dec = sch.decode
+
+    def pump() -> None:
+        for i, ob in enumerate(outboxes):
+            while (item := ob.poll()) is not None:
+                if isinstance(item, AudioChunk):
+                    delivered[i] += item.frames
+                elif isinstance(item, TurnEnd):
+                    outboxes[i] = handles[i].speak(TEXT, params)
+
+    t_end = time.perf_counter() + warmup
+    while time.perf_counter() < t_end:
+        pump()
+        time.sleep(0.001)
+    dec.profile = []
+    steps0, rows0, d0 = dec.stats.steps, dec.stats.rows, list(delivered)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        pump()
+        time.sleep(0.001)
+    dt = time.perf_counter() - t0
+    steps, rows, prof = dec.stats.steps - steps0, dec.stats.rows - rows0, dec.profile
+    dec.profile = None
+    per = [(delivered[i] - d0[i]) / dt for i in range(c)]
+    for h in handles:
+        h.close()
+    step_ms = gap_ms = 0.0
+    if prof and len(prof) > 2:
+        prof[-1][1].synchronize()
+        busy = [s.elapsed_time(e) for s, e in prof]
+        gaps = [prof[i][1].elapsed_time(prof[i + 1][0]) for i in range(len(prof) - 1)]
+        step_ms, gap_ms = sum(busy) / len(busy), sum(gaps) / len(gaps)
+    deadline = time.monotonic() + 60
+    while sch.slots.free < sch.engine.max_slots and time.monotonic() < deadline:
+        time.sleep(0.01)
+    frame_s = sch.codec.config.frame_length / sch.codec.config.sample_rate
+    return Point(
+        concurrency=c, codec=codec_name, seconds=dt, decode_frames_per_s=rows / dt,
+        delivered_frames_per_s=sum(per), per_stream_frames_per_s_mean=sum(per) / c,
+        per_stream_frames_per_s_min=min(per), steps_per_s=steps / dt, mean_batch=rows / max(steps, 1),
+        gpu_step_ms=step_ms, gpu_gap_ms=gap_ms,
+        gpu_idle_share=gap_ms / (step_ms + gap_ms) if step_ms + gap_ms > 0 else 0.0,
+        realtime_factor_per_stream=sum(per) / c * frame_s,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m rtts.bench scheduler")
+    p.add_argument("--preset", default="s2-pro", choices=["s2-pro", "s1-mini", "tiny"])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--concurrency", default="1,4,16,64")
+    p.add_argument("--codec", default="none", choices=["none", "real", "both"])
+    p.add_argument("--codec-concurrency", default="1,64", help="concurrencies measured with the real codec")
+    p.add_argument("--max-ctx", type=int, default=2048)
+    p.add_argument("--ref-frames", type=int, default=215, help="voice prompt length (215 frames = 10 s)")
+    p.add_argument("--max-frames", type=int, default=400)
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--seconds", type=float, default=6.0)
+    p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--out", default="bench/results")
+    args = p.parse_args(argv)
+
+    conc = [int(x) for x in args.concurrency.split(",")]
+    device = torch.device(args.device)
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    t0 = time.perf_counter()
+    lm, real_codec = random_model(args.preset, device, dtype)
+    build_s = time.perf_counter() - t0
+    engine = Engine(lm, max_slots=max(conc), max_ctx=args.max_ctx)
+    points: list[Point] = []
+    capture: dict[str, float] = {}
+    plans: list[tuple[str, Any, list[int]]] = []
+    if args.codec in ("none", "both"):
+        plans.append(("none", NullCodec(real_codec.config), conc))
+    if args.codec in ("real", "both"):
+        plans.append(("real", real_codec, [int(x) for x in args.codec_concurrency.split(",")]))
+    for name, codec, cs in plans:
+        sch = Scheduler(engine, codec, SchedulerConfig(cuda_graphs=not args.no_graphs)).start()  # type: ignore[arg-type]
+        capture[name] = sch.runner.capture_seconds
+        for c in cs:
+            pt = measure(sch, c, name, args.warmup, args.seconds, args.ref_frames, args.max_frames)
+            print(pt, flush=True)
+            points.append(pt)
+        sch.stop()
+    base = next((pt.decode_frames_per_s for pt in points if pt.concurrency == 1 and pt.codec == "none"), None)
+    rows = ["| codec | c | decode frames/s | delivered frames/s | per-stream frames/s (mean / min) | RTF/stream "
+            "| steps/s | GPU step ms | GPU gap ms | GPU idle | vs c=1 |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for pt in points:
+        ratio = f"{pt.decode_frames_per_s / base:.1f}x" if base else "-"
+        rows.append(f"| {pt.codec} | {pt.concurrency} | {pt.decode_frames_per_s:.0f} | {pt.delivered_frames_per_s:.0f} "
+                    f"| {pt.per_stream_frames_per_s_mean:.1f} / {pt.per_stream_frames_per_s_min:.1f} "
+                    f"| {pt.realtime_factor_per_stream:.2f} | {pt.steps_per_s:.0f} | {pt.gpu_step_ms:.2f} "
+                    f"| {pt.gpu_gap_ms:.3f} | {100 * pt.gpu_idle_share:.1f}% | {ratio} |")
+    data = {
+        "env": environment(),
+        "config": {k: v for k, v in vars(args).items()},
+        "model_build_seconds": build_s,
+        "graph_capture_seconds": capture,
+        "kv_cache_gb": engine.kv.nbytes() / 1e9,
+        "points": [vars(pt) for pt in points],
+    }
+    jp, mp = write_results(args.out, f"scheduler-{args.preset}", data, "\n".join(rows))
+    print("\n".join(rows))
+    print(f"wrote {jp} and {mp}")
