@@ -9,6 +9,9 @@ def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1] not in ("scheduler",):
         print("usage: python -m rtts.bench scheduler [options]", file=sys.stderr)
         sys.exit(2)
+    from rtts.bench import common
+
+    common.COMMAND = sys.argv[1:]
     cmd = sys.argv.pop(1)
     if cmd == "scheduler":
         from rtts.bench.scheduler import main as run

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -12,17 +13,27 @@ from typing import Any
 
 import torch
 
+COMMAND: list[str] = sys.argv[1:]  # set by rtts.bench.__main__ before it consumes the subcommand
 
-def environment() -> dict[str, Any]:
+
+def _git() -> tuple[str, bool]:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 check=False).stdout.strip() or "unknown"
         dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                                     text=True, check=False).stdout.strip())
     except OSError:
-        commit, dirty = "unknown", False
+        return "unknown", False
+    return commit, dirty
+
+
+def environment() -> dict[str, Any]:
+    if os.environ.get("RTTS_COMMIT"):  # the device machine gets a copy of the tree without .git
+        commit, dirty = os.environ["RTTS_COMMIT"], False
+    else:
+        commit, dirty = _git()
     env: dict[str, Any] = {
-        "command": " ".join(["python -m rtts.bench"] + sys.argv[1:]),
+        "command": " ".join(["python -m rtts.bench"] + COMMAND),
         "commit": commit + ("-dirty" if dirty else ""),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "python": platform.python_version(),

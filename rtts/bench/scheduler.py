@@ -90,6 +90,11 @@ def measure(sch: Scheduler, c: int, codec_name: str, warmup: float, seconds: flo
                 elif isinstance(item, TurnEnd):
                     outboxes[i] = handles[i].speak(TEXT, params)
 
+    # Warm up until every stream has audio (all voice prompts and first turns prefilled), then `warmup` more.
+    t_start = time.perf_counter()
+    while min(delivered) == 0 and time.perf_counter() - t_start < 60:
+        pump()
+        time.sleep(0.001)
     t_end = time.perf_counter() + warmup
     while time.perf_counter() < t_end:
         pump()
