@@ -32,6 +32,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--codes-out", help="also write the generated codes (.npy, int64 [num_codebooks, frames])")
     _device_args(s)
 
+    v = sub.add_parser("serve", help="run the Fish Audio compatible server (WebSocket + HTTP)")
+    v.add_argument("--checkpoint", help="checkpoint directory (default: the embedded tiny model, which makes noise)")
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--port", type=int, default=8080)
+    v.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    v.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+    v.add_argument("--max-running", type=int, default=64, help="concurrent streams (one KV slot each)")
+    v.add_argument("--max-ctx", type=int, default=4096, help="KV positions per stream")
+    v.add_argument("--api-key", action="append", default=[], help="accepted Bearer key (repeatable); none = open")
+    v.add_argument("--voices-dir", help="stored voices (default: $RTTS_HOME/voices)")
+    v.add_argument("--max-reference-seconds", type=float, default=60.0)
+    v.add_argument("--no-cuda-graphs", action="store_true")
+
     c = sub.add_parser("codec", help="encode audio to codes or decode codes to audio")
     csub = c.add_subparsers(dest="codec_cmd", required=True)
     for name, (i, o) in {"encode": ("WAV", "OUT.npy"), "decode": ("CODES.npy", "OUT.wav")}.items():
@@ -62,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from rtts.audio.io import AudioError
     from rtts.model.errors import CheckpointError, PromptError
 
-    handlers = {"synth": cli.cmd_synth, "codec": cli.cmd_codec, "make-random-checkpoint": cli.cmd_make_random}
+    handlers = {"synth": cli.cmd_synth, "codec": cli.cmd_codec, "make-random-checkpoint": cli.cmd_make_random,
+                "serve": cli.cmd_serve}
     try:
         handlers[args.command](args)
     except (CheckpointError, PromptError, AudioError, ValueError, FileNotFoundError, PermissionError) as e:

@@ -159,3 +159,21 @@ def cmd_make_random(args: argparse.Namespace) -> None:
     out = make_random_checkpoint(args.preset, args.out, seed=args.seed, dtype=dtype)
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     _log(f"wrote {args.preset} to {out} ({size / 1e9:.2f} GB) in {time.perf_counter() - t0:.1f} s")
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    from rtts.model.random_checkpoint import default_checkpoint_dir
+    from rtts.ws.runtime import ServerConfig
+    from rtts.ws.server import serve
+
+    if args.checkpoint is not None and not Path(args.checkpoint).is_dir():
+        raise ValueError(f"--checkpoint {args.checkpoint}: directory not found")
+    resolve_device(args.device)
+    if args.max_running < 1 or args.max_ctx < 64:
+        raise ValueError("--max-running must be >= 1 and --max-ctx >= 64")
+    voices = args.voices_dir or str(default_checkpoint_dir().parent / "voices")
+    serve(ServerConfig(
+        checkpoint=args.checkpoint, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
+        max_running=args.max_running, max_ctx=args.max_ctx, api_keys=tuple(args.api_key), voices_dir=voices,
+        max_reference_seconds=args.max_reference_seconds, cuda_graphs=not args.no_cuda_graphs,
+    ))

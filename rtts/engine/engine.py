@@ -202,6 +202,14 @@ class Engine:
         self.host_pos[slot] = int(self.state.pos[slot])
         return self.host_pos[slot]
 
+    def rewind(self, slot: int, pos: int) -> None:
+        """Forget the slot's context past `pos` (e.g. back to the end of its voice prompt). Entries past the length are
+        never read, so this only moves the length."""
+        if not 0 <= pos <= self.host_pos[slot]:
+            raise ValueError(f"cannot rewind slot {slot} from {self.host_pos[slot]} to {pos}")
+        self.host_pos[slot] = pos
+        self.state.pos[slot] = pos
+
     def cancel(self, slot: int) -> None:
         """Freeze a slot now (device write only); later steps that still include it leave it untouched."""
         self.state.finish[slot] = FinishReason.CANCELLED

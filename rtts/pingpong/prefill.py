@@ -123,6 +123,9 @@ class PrefillWorker:
             self._end(job, FinishReason.CANCELLED if turn.cancelled else FinishReason.ERROR, stream.error)
             return False
         eng.end_turn(stream.slot)  # true KV length after the previous turn (one read per turn)
+        if turn.fresh:
+            eng.rewind(stream.slot, stream.voice_len)
+            stream.turn_open = False
         try:
             job.columns = self.builder.turn(turn.text, after_turn=stream.turn_open)
             eng.check_room(stream.slot, job.columns.shape[1], sample=True)
@@ -163,6 +166,7 @@ class PrefillWorker:
             if job.done < job.columns.shape[1]:
                 continue
             if job.turn is None:
+                job.stream.voice_len = self.engine.host_pos[job.stream.slot]
                 self.pending.remove(job)
                 continue
             assert frames is not None

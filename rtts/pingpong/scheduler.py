@@ -149,9 +149,9 @@ class StreamHandle:
         return self.stream.slot
 
     def speak(self, text: str, params: SamplingParams | None = None, latency: str = "balanced",
-              loop: asyncio.AbstractEventLoop | None = None) -> Outbox:
-        """Queue one text turn; returns its outbox (AudioChunk…, then TurnEnd). Turns of a stream run in order,
-        each conditioned on the ones before."""
+              loop: asyncio.AbstractEventLoop | None = None, fresh: bool = False) -> Outbox:
+        """Queue one text turn; returns its outbox (AudioChunk…, then TurnEnd). Turns of a stream run in order, each
+        conditioned on the ones before, unless fresh=True (then only on the voice prompt)."""
         params = params or SamplingParams()
         params.validate()
         if latency not in CHUNK_FRAMES:
@@ -163,7 +163,7 @@ class StreamHandle:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
                 loop = None
-        turn = Turn(text, params, Outbox(loop), latency=latency)
+        turn = Turn(text, params, Outbox(loop), latency=latency, fresh=fresh)
         if self.stream.closed:
             turn.finish(FinishReason.ERROR, "stream is closed")
             return turn.outbox

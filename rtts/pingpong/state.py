@@ -39,6 +39,7 @@ class Turn:
     params: SamplingParams
     outbox: Outbox
     latency: str = "balanced"  # chunking after the first chunk: low / balanced / normal
+    fresh: bool = False  # condition only on the voice prompt: the stream's earlier turns are forgotten first
     id: int = field(default_factory=lambda: next(_ids))
     t_submit: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # set by any thread; workers check it between steps
@@ -65,6 +66,7 @@ class Stream:
     closed: bool = False
     # written by the prefill thread only
     turn_open: bool = False  # an assistant turn is open in the KV context (the next turn closes it first)
+    voice_len: int = 0  # KV length at the end of the voice prompt
     # written by the decode thread, read by the prefill thread after the turn ended: the last decode step that
     # included this slot; the next prefill on the slot waits for it (GPU ordering, no host sync)
     decode_done: torch.cuda.Event | None = None

@@ -1,0 +1,255 @@
+"""A live TTS session: `start → (text | flush)* → stop → finish`, independent of the transport.
+
+The session turns text events into synthesis turns (through the segmenter), submits them to its scheduler stream in
+order, and streams each turn's audio — encoded in the requested format and sample rate — back through `send`. One
+sender task drains the turns' outboxes in order; the event loop only awaits, the model runs in the scheduler threads.
+
+A session ends with exactly one `finish`: `stop` after `stop` and all audio, `error` (+ message) on any failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import torch
+
+from rtts.audio.encode import OutputSpec, Rechunker, StreamEncoder, message_bytes_target
+from rtts.model.prompt import Reference
+from rtts.pingpong import AudioChunk, StreamHandle, TurnEnd
+from rtts.pingpong.outbox import Outbox
+from rtts.request import TTSRequest
+from rtts.session_text import Segmenter
+from rtts.types import FinishReason, SamplingParams
+from rtts.voices import Voice, VoiceError, VoiceStore
+
+log = logging.getLogger("rtts.session")
+
+OnAudio = Callable[[bytes, dict[str, object]], Awaitable[None]]  # encoded audio bytes, extra event fields
+OnFinish = Callable[[str, str | None], Awaitable[None]]  # reason ("stop" | "error"), message
+Alignment = Callable[..., dict[str, object]]  # formats the with-timestamp fields (the transport's wire names)
+
+
+class SessionError(Exception):
+    """Ends the session with finish/error and this message."""
+
+
+@dataclass
+class SessionMetrics:
+    """Callbacks the server's metrics registry provides (all optional)."""
+
+    ttfa: Callable[[float], None] = lambda s: None
+    chunk_gap: Callable[[float], None] = lambda s: None
+    frames: Callable[[int], None] = lambda n: None
+
+
+def voice_key(req: TTSRequest) -> str:
+    """Identifies the voice prompt a request asks for (to reuse an already prefilled stream)."""
+    if req.references:
+        h = hashlib.sha256()
+        for r in req.references:
+            h.update(hashlib.sha256(r.audio).digest())
+            h.update(r.text.encode())
+        return "inline:" + h.hexdigest()
+    if req.reference_id:
+        return "id:" + req.reference_id
+    return "none"
+
+
+async def resolve_references(req: TTSRequest, voices: VoiceStore) -> list[Reference]:
+    """Stored voice or inline references -> prompt references (inline audio is encoded off the event loop, once)."""
+    if req.references:
+        refs = []
+        for r in req.references:
+            try:
+                codes = await asyncio.to_thread(voices.encode, r.audio)
+            except (VoiceError, ValueError) as e:
+                raise SessionError(f"reference audio: {e}") from None
+            refs.append(Reference(r.text, torch.from_numpy(codes)))
+        return refs
+    if req.reference_id:
+        try:
+            v = voices.get(req.reference_id)
+        except VoiceError as e:
+            raise SessionError(str(e)) from None
+        return voice_references(v)
+    return []
+
+
+def voice_references(voice: Voice) -> list[Reference]:
+    return [Reference(voice.text, torch.from_numpy(voice.codes))]
+
+
+def sampling_params(req: TTSRequest, model_format: str) -> SamplingParams:
+    top_k = req.top_k if req.top_k is not None else (30 if model_format == "s2" else 0)
+    return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=top_k,
+                          repetition_penalty=req.repetition_penalty, seed=req.seed, max_frames=req.max_new_tokens)
+
+
+@dataclass
+class _Timing:
+    t_trigger: float = 0.0  # when the text that triggered the turn arrived (flush/stop/segment end)
+    first_sent: bool = False
+    last_send: float = 0.0
+
+
+class Session:
+    def __init__(
+        self,
+        request: TTSRequest,
+        handle: StreamHandle,
+        on_audio: OnAudio,
+        on_finish: OnFinish,
+        model_format: str,
+        input_rate: int,
+        alignment: Alignment | None = None,
+        fresh_first_turn: bool = False,
+        metrics: SessionMetrics | None = None,
+    ) -> None:
+        self.req = request
+        self.handle = handle
+        self.on_audio, self.on_finish = on_audio, on_finish
+        self.params = sampling_params(request, model_format)
+        self.params.validate()
+        spec = OutputSpec(format=request.format, sample_rate=request.sample_rate, mp3_bitrate=request.mp3_bitrate,
+                          opus_bitrate=request.opus_bitrate, speed=request.prosody.speed,
+                          volume_db=request.prosody.volume).validated()
+        self.spec = spec
+        self.encoder = StreamEncoder(spec, input_rate)
+        self.rechunker = Rechunker(message_bytes_target(spec))
+        self.segmenter = Segmenter(request.chunk_length, request.min_chunk_length)
+        self.alignment = alignment
+        self.metrics = metrics or SessionMetrics()
+        self._fresh = fresh_first_turn
+        self._turns: asyncio.Queue[tuple[Outbox, str, _Timing] | None] = asyncio.Queue()
+        self._sender: asyncio.Task[None] | None = None
+        self._closed = False
+        self.done = asyncio.Event()  # set once finish was sent
+        self.chunk_seq = 0
+        self.audio_seconds = 0.0  # output timeline, for alignment offsets
+        self.segments: list[dict[str, object]] = []
+        self.frames = 0
+        self.t_start = time.perf_counter()
+
+    # ------------------------------------------------------------------ client events
+
+    def start(self) -> None:
+        self._sender = asyncio.create_task(self._send_loop())
+        if self.req.text.strip():
+            self.text(self.req.text)
+
+    def text(self, text: str) -> None:
+        self._speak(self.segmenter.push(text))
+
+    def flush(self) -> None:
+        self._speak(self.segmenter.flush())
+
+    async def stop(self) -> None:
+        """Synthesize what is buffered, stream everything, then finish/stop."""
+        self.flush()
+        await self._turns.put(None)
+        if self._sender is not None:
+            await self._sender
+
+    async def cancel(self) -> None:
+        """Drop buffered text and in-flight audio; the session ends with finish/stop."""
+        self.segmenter.clear()
+        self.handle.cancel()
+        await self.stop()
+
+    async def abort(self, message: str) -> None:
+        """End the session now with finish/error (bad input, shutdown)."""
+        if self._closed:
+            return
+        self.segmenter.clear()
+        self.handle.cancel()
+        self._closed = True
+        if self._sender is not None and not self._sender.done():
+            self._sender.cancel()
+        await self._finish("error", message)
+
+    def _speak(self, segments: list[str]) -> None:
+        for seg in segments:
+            if self._closed:
+                return
+            fresh = self._fresh or not self.req.condition_on_previous_chunks
+            self._fresh = False
+            outbox = self.handle.speak(seg, self.params, latency=self.req.latency, fresh=fresh)
+            self._turns.put_nowait((outbox, seg, _Timing(time.perf_counter())))
+
+    # ------------------------------------------------------------------ audio out
+
+    async def _send_loop(self) -> None:
+        try:
+            while True:
+                item = await self._turns.get()
+                if item is None:
+                    break
+                await self._stream_turn(*item)
+            await self._emit(self.rechunker.push(self.encoder.finish()) + self.rechunker.flush(), content="")
+            await self._finish("stop")
+        except SessionError as e:
+            self.handle.cancel()
+            await self._finish("error", str(e))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug must still end the session properly
+            log.exception("session failed")
+            await self._finish("error", f"internal error: {e}")
+
+    async def _stream_turn(self, outbox: Outbox, text: str, timing: _Timing) -> None:
+        start_s = self.audio_seconds
+        seg: dict[str, object] = {"text": text, "start": start_s, "end": start_s}
+        self.segments.append(seg)
+        turn_seconds = 0.0
+        async for item in outbox:
+            if isinstance(item, AudioChunk):
+                self.frames += item.frames
+                self.metrics.frames(item.frames)
+                encoded = self.encoder.push(item.pcm)
+                # Output time: prosody.speed shortens the audio by that factor.
+                turn_seconds += item.pcm.size / item.sample_rate / self.spec.speed
+                seg["end"] = start_s + turn_seconds
+                await self._emit(self.rechunker.push(encoded), content=text, timing=timing)
+            elif isinstance(item, TurnEnd):
+                if item.reason == FinishReason.ERROR:
+                    raise SessionError(item.message or "synthesis failed")
+                # Audio of the turn may sit in the rechunker; it goes out with the next turn's audio or at finish,
+                # except at a flush boundary, where the client is waiting for it.
+                await self._emit(self.rechunker.flush(), content=text, timing=timing)
+                self.audio_seconds = start_s + turn_seconds
+
+    async def _emit(self, pieces: list[bytes], content: str, timing: _Timing | None = None) -> None:
+        for audio in pieces:
+            if not audio:
+                continue
+            extra: dict[str, object] = {}
+            if self.alignment is not None:
+                extra = self.alignment(segments=self.segments, chunk_seq=self.chunk_seq,
+                                       chunk_audio_offset_sec=self.audio_seconds, content=content,
+                                       elapsed_ms=(time.perf_counter() - self.t_start) * 1000)
+            self.chunk_seq += 1
+            await self.on_audio(audio, extra)
+            now = time.perf_counter()
+            if timing is not None:
+                if not timing.first_sent:
+                    timing.first_sent = True
+                    self.metrics.ttfa(now - timing.t_trigger)
+                else:
+                    self.metrics.chunk_gap(now - timing.last_send)
+                timing.last_send = now
+
+    async def _finish(self, reason: str, message: str | None = None) -> None:
+        if self.done.is_set():
+            return
+        self._closed = True
+        self.done.set()
+        try:
+            await self.on_finish(reason, message)
+        except Exception:  # the client is gone: nothing left to tell it
+            pass
+

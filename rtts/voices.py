@@ -1,0 +1,128 @@
+"""Voices: stored references (`reference_id`) persisted on disk, and inline references cached by content hash.
+
+A voice is a transcript plus codec codes [num_codebooks, frames]; audio is encoded once (when added, or the first
+time an inline reference is seen) and never again. Stored voices live in `<voices_dir>/<id>/` as `codes.npy`,
+`text.txt` and `meta.json`; the original audio is kept beside them as `audio.bin` for re-encoding with another codec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+VOICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+class VoiceError(ValueError):
+    """A bad voice id, an unknown voice, or reference audio that cannot be used."""
+
+
+@dataclass(frozen=True)
+class Voice:
+    id: str
+    text: str
+    codes: np.ndarray  # [num_codebooks, frames] int64
+    created: float = 0.0
+
+    def info(self) -> dict[str, object]:
+        return {"id": self.id, "text": self.text, "frames": int(self.codes.shape[1]), "created": self.created}
+
+
+Encoder = Callable[[bytes], np.ndarray]  # audio file bytes -> codes [num_codebooks, frames]
+
+
+class VoiceStore:
+    """Thread-safe. `encoder` turns reference audio bytes into codes (it raises VoiceError/ValueError on bad audio)."""
+
+    def __init__(self, root: str | Path | None, encoder: Encoder, cache_size: int = 64) -> None:
+        self.root = Path(root) if root is not None else None
+        self.encoder = encoder
+        self._voices: dict[str, Voice] = {}
+        self._inline: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        if self.root is not None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._load_all()
+
+    # ------------------------------------------------------------------ stored voices
+
+    def _load_all(self) -> None:
+        assert self.root is not None
+        for d in sorted(self.root.iterdir()):
+            if not (d / "codes.npy").exists():
+                continue
+            try:
+                meta = json.loads((d / "meta.json").read_text())
+                codes = np.load(d / "codes.npy", allow_pickle=False)
+                self._voices[d.name] = Voice(d.name, (d / "text.txt").read_text(), codes, float(meta.get("created", 0)))
+            except (OSError, ValueError):
+                continue  # a half-written voice from a crash: skip it rather than refuse to start
+
+    def add(self, voice_id: str, audio: bytes, text: str) -> Voice:
+        if not VOICE_ID.match(voice_id):
+            raise VoiceError(f"invalid voice id {voice_id!r}: use 1-128 letters, digits, '_', '-', '.'")
+        if not text.strip():
+            raise VoiceError("the reference text (transcript of the audio) is empty")
+        codes = self.encode(audio)
+        voice = Voice(voice_id, text, codes, time.time())
+        if self.root is not None:
+            tmp = self.root / f".{voice_id}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            np.save(tmp / "codes.npy", codes)
+            (tmp / "text.txt").write_text(text)
+            (tmp / "audio.bin").write_bytes(audio)
+            (tmp / "meta.json").write_text(json.dumps({"created": voice.created, "frames": int(codes.shape[1])}))
+            final = self.root / voice_id
+            with self._lock:
+                shutil.rmtree(final, ignore_errors=True)
+                tmp.rename(final)
+        with self._lock:
+            self._voices[voice_id] = voice
+        return voice
+
+    def get(self, voice_id: str) -> Voice:
+        with self._lock:
+            voice = self._voices.get(voice_id)
+        if voice is None:
+            raise VoiceError(f"unknown reference_id {voice_id!r}")
+        return voice
+
+    def list(self) -> list[Voice]:
+        with self._lock:
+            return sorted(self._voices.values(), key=lambda v: v.id)
+
+    def delete(self, voice_id: str) -> bool:
+        with self._lock:
+            found = self._voices.pop(voice_id, None) is not None
+            if self.root is not None and VOICE_ID.match(voice_id):
+                shutil.rmtree(self.root / voice_id, ignore_errors=True)
+        return found
+
+    # ------------------------------------------------------------------ inline references
+
+    def encode(self, audio: bytes) -> np.ndarray:
+        """Codes of reference audio, from the content-hash cache when this exact audio was seen before."""
+        key = hashlib.sha256(audio).hexdigest()
+        with self._lock:
+            hit = self._inline.get(key)
+            if hit is not None:
+                self._inline.move_to_end(key)
+                return hit
+        codes = np.ascontiguousarray(self.encoder(audio), dtype=np.int64)
+        with self._lock:
+            self._inline[key] = codes
+            while len(self._inline) > self._cache_size:
+                self._inline.popitem(last=False)
+        return codes

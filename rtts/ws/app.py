@@ -1,0 +1,107 @@
+"""The Starlette app: routes, authentication, lifespan (warm-up before serving, graceful shutdown), the demo page."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket
+
+from rtts.ws import http
+from rtts.ws.live import Connection
+from rtts.ws.protocol import error_json
+from rtts.ws.runtime import Runtime
+
+log = logging.getLogger("rtts.server")
+
+
+def web_dir() -> Path | None:
+    """The browser demo: the in-wheel copy if installed, else the repository's clients/web."""
+    import rtts
+
+    here = Path(rtts.__file__).parent
+    for d in (here / "_web", here.parent / "clients" / "web"):
+        if (d / "index.html").is_file():
+            return d
+    return None
+
+
+def create_app(rt: Runtime) -> Starlette:
+    connections: set[Connection] = set()
+
+    async def live(ws: WebSocket) -> None:
+        await _live(ws, timestamps=False)
+
+    async def live_ts(ws: WebSocket) -> None:
+        await _live(ws, timestamps=True)
+
+    async def _live(ws: WebSocket, timestamps: bool) -> None:
+        if not http.authorized(rt, ws.headers):
+            # Refuse the upgrade with HTTP 401 (the SDK raises WebSocketUpgradeError).
+            await ws.send_denial_response(JSONResponse(error_json(401, "invalid or missing API key"), 401))
+            return
+        if not rt.ready:
+            await ws.send_denial_response(JSONResponse(error_json(503, "server is starting"), 503))
+            return
+        await ws.accept()
+        conn = Connection(ws, rt, timestamps)
+        connections.add(conn)
+        try:
+            await conn.run()
+        finally:
+            connections.discard(conn)
+
+    async def index(request: object) -> Response:
+        d = web_dir()
+        if d is None:
+            return HTMLResponse("<h1>rtts</h1><p>The demo page is not installed.</p>")
+        return FileResponse(d / "index.html")
+
+    async def info(request: object) -> Response:
+        return JSONResponse({
+            "model": rt.loaded.config.model_type, "default_model": rt.default_model,
+            "note": ("embedded default model: tiny random weights, it produces noise, not speech"
+                     if rt.default_model else ""),
+            "sample_rate": rt.sample_rate, "max_running": rt.config.max_running,
+        })
+
+    async def shutdown_sessions() -> None:
+        """Every open session gets finish/error, then its socket closes (before uvicorn drops connections)."""
+        await asyncio.gather(*(c.shutdown() for c in list(connections)), return_exceptions=True)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Uvicorn binds the socket only after this startup returns: no client sees a cold server.
+        await asyncio.to_thread(rt.start)
+        try:
+            yield
+        finally:
+            await shutdown_sessions()
+            await asyncio.to_thread(rt.stop)
+
+    routes = [
+        WebSocketRoute("/v1/tts/live", live),
+        WebSocketRoute("/v1/tts/live/with-timestamp", live_ts),
+        Route("/v1/tts", http.tts, methods=["POST"]),
+        Route("/v1/references/add", http.references_add, methods=["POST"]),
+        Route("/v1/references/list", http.references_list, methods=["GET", "POST"]),
+        Route("/v1/references/delete", http.references_delete, methods=["DELETE", "POST"]),
+        Route("/v1/health", http.health, methods=["GET", "POST"]),
+        Route("/metrics", http.metrics, methods=["GET"]),
+        Route("/v1/info", info, methods=["GET"]),
+        Route("/", index, methods=["GET"]),
+    ]
+    d = web_dir()
+    if d is not None:
+        routes.append(Mount("/web", StaticFiles(directory=d), name="web"))
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.rt = rt
+    app.state.shutdown_sessions = shutdown_sessions
+    return app

@@ -1,0 +1,176 @@
+"""HTTP routes: `POST /v1/tts` (chunked audio), `/v1/references/*`, `/v1/health`, `/metrics`.
+
+Errors are JSON `{status, message}` with a 4xx/5xx status; once audio has started streaming, a failure can only end
+the response early (the status line is already sent), which the log records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import ormsgpack
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from rtts.audio.encode import AudioFormatError, OutputSpec
+from rtts.pingpong import NoSlotError
+from rtts.session import Session, SessionError, SessionMetrics, resolve_references
+from rtts.voices import VoiceError
+from rtts.ws.protocol import ProtocolError, decode_http_body, error_json
+from rtts.ws.runtime import Runtime
+
+log = logging.getLogger("rtts.http")
+
+
+def json_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(error_json(status, message), status_code=status)
+
+
+def authorized(rt: Runtime, headers: Any) -> bool:
+    if not rt.config.api_keys:
+        return True
+    auth = headers.get("authorization", "")
+    return auth.startswith("Bearer ") and auth[len("Bearer "):].strip() in rt.config.api_keys
+
+
+async def tts(request: Request) -> Response:
+    rt: Runtime = request.app.state.rt
+    if not authorized(rt, request.headers):
+        return json_error(401, "invalid or missing API key (Authorization: Bearer <key>)")
+    body = await request.body()
+    if len(body) > rt.config.limits.max_message_bytes:
+        return json_error(413, f"request body over {rt.config.limits.max_message_bytes} bytes")
+    try:
+        req = decode_http_body(body, request.headers.get("content-type", ""), rt.config.limits)
+        spec = OutputSpec(format=req.format, sample_rate=req.sample_rate, mp3_bitrate=req.mp3_bitrate,
+                          opus_bitrate=req.opus_bitrate, speed=req.prosody.speed,
+                          volume_db=req.prosody.volume).validated()
+        if not req.text.strip():
+            raise ProtocolError("text is empty")
+        refs = await resolve_references(req, rt.voices)
+        handle = rt.scheduler.open(refs)
+    except (ProtocolError, AudioFormatError, SessionError, VoiceError, ValueError) as e:
+        return json_error(400, str(e))
+    except NoSlotError:
+        return json_error(503, f"too many concurrent requests (limit {rt.config.max_running}); retry later")
+
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+    failure: list[str] = []
+
+    async def on_audio(audio: bytes, extra: dict[str, object]) -> None:
+        await queue.put(audio)
+
+    async def on_finish(reason: str, message: str | None) -> None:
+        if reason == "error":
+            failure.append(message or "synthesis failed")
+            rt.metrics.errors.inc()
+        await queue.put(None)
+
+    session = Session(req, handle, on_audio, on_finish, rt.model_format, rt.sample_rate,
+                      metrics=SessionMetrics(rt.metrics.ttfa.observe, rt.metrics.chunk_gap.observe,
+                                             rt.metrics.frames.inc))
+    session.start()
+    session.flush()
+    stopper = asyncio.create_task(session.stop())
+
+    async def body_iter() -> AsyncIterator[bytes]:
+        try:
+            while (chunk := await queue.get()) is not None:
+                yield chunk
+            if failure:
+                log.warning("POST /v1/tts ended early: %s", failure[0])
+        finally:
+            handle.cancel()
+            handle.close()
+            stopper.cancel()
+
+    return StreamingResponse(body_iter(), media_type=spec.content_type)
+
+
+async def _read_reference_form(request: Request) -> tuple[str, bytes, str]:
+    ctype = request.headers.get("content-type", "")
+    if ctype.startswith("multipart/form-data"):
+        form = await request.form()
+        field = form.get("audio")
+        if isinstance(field, UploadFile):
+            data = await field.read()
+        else:
+            data = (field or "").encode()
+        return str(form.get("id", "")), data, str(form.get("text", ""))
+    body = await request.body()
+    obj = ormsgpack.unpackb(body) if "msgpack" in ctype else json.loads(body or b"{}")
+    if not isinstance(obj, dict):
+        raise ProtocolError("body must be a map with id, audio, text")
+    audio = obj.get("audio") or b""
+    if isinstance(audio, str):  # JSON carries audio as base64
+        try:
+            audio = base64.b64decode(audio, validate=False)
+        except ValueError:
+            raise ProtocolError("audio: not valid base64") from None
+    if not isinstance(audio, bytes):
+        raise ProtocolError("audio must be bytes")
+    return str(obj.get("id", "")), audio, str(obj.get("text", ""))
+
+
+async def references_add(request: Request) -> Response:
+    rt: Runtime = request.app.state.rt
+    if not authorized(rt, request.headers):
+        return json_error(401, "invalid or missing API key")
+    try:
+        voice_id, audio, text = await _read_reference_form(request)
+        if not audio:
+            raise ProtocolError("audio is missing")
+        if len(audio) > rt.config.limits.max_reference_bytes:
+            raise ProtocolError(f"audio over {rt.config.limits.max_reference_bytes} bytes")
+        voice = await asyncio.to_thread(rt.voices.add, voice_id, audio, text)
+    except (ProtocolError, VoiceError, ValueError, ormsgpack.MsgpackDecodeError) as e:
+        return json_error(400, str(e))
+    return JSONResponse({"status": 200, "message": "ok", "reference": voice.info()})
+
+
+async def references_list(request: Request) -> Response:
+    rt: Runtime = request.app.state.rt
+    if not authorized(rt, request.headers):
+        return json_error(401, "invalid or missing API key")
+    voices = [v.info() for v in rt.voices.list()]
+    ids = [v["id"] for v in voices]
+    return JSONResponse({"status": 200, "message": "ok", "references": voices, "reference_ids": ids})
+
+
+async def references_delete(request: Request) -> Response:
+    rt: Runtime = request.app.state.rt
+    if not authorized(rt, request.headers):
+        return json_error(401, "invalid or missing API key")
+    voice_id = request.query_params.get("id") or request.query_params.get("reference_id")
+    if not voice_id:
+        try:
+            body = await request.body()
+            obj = ormsgpack.unpackb(body) if "msgpack" in request.headers.get("content-type", "") else json.loads(
+                body or b"{}")
+            voice_id = str(obj.get("id") or obj.get("reference_id") or "")
+        except (ValueError, AttributeError, ormsgpack.MsgpackDecodeError):
+            return json_error(400, "body must be JSON or msgpack with an id")
+    if not voice_id:
+        return json_error(400, "missing id")
+    if not rt.voices.delete(voice_id):
+        return json_error(404, f"unknown reference_id {voice_id!r}")
+    return JSONResponse({"status": 200, "message": "ok"})
+
+
+async def health(request: Request) -> Response:
+    rt: Runtime = request.app.state.rt
+    if not rt.ready:
+        return JSONResponse({"status": "starting"}, status_code=503)
+    return JSONResponse({"status": "ok", "model": rt.loaded.config.model_type,
+                         "default_model": rt.default_model, "free_slots": rt.scheduler.slots.free})
+
+
+async def metrics(request: Request) -> Response:
+    rt: Runtime = request.app.state.rt
+    return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4")

@@ -1,0 +1,199 @@
+"""`/v1/tts/live` and `/v1/tts/live/with-timestamp`: the Fish live protocol over one WebSocket.
+
+A connection runs sessions one after another (`start … stop → finish`, then a new `start`). The receive loop reads
+and validates every frame; each session's sender task streams audio. Frames are msgpack maps in binary messages only,
+both ways; every failure becomes `finish` with `reason: "error"` and a `message`, and the socket stays usable.
+The connection keeps its scheduler stream (and so its prefilled voice prompt) while consecutive sessions use the same
+voice; a voice named in the URL (`?reference_id=…`) is prefilled as the socket opens, before `start` arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from rtts.pingpong import NoSlotError, StreamHandle
+from rtts.session import Session, SessionError, SessionMetrics, resolve_references, voice_key, voice_references
+from rtts.voices import VoiceError
+from rtts.ws.protocol import (
+    CancelEvent,
+    FlushEvent,
+    ProtocolError,
+    StartEvent,
+    StopEvent,
+    TextEvent,
+    alignment_fields,
+    audio_event,
+    decode_client_message,
+    finish_event,
+)
+from rtts.ws.runtime import Runtime
+
+log = logging.getLogger("rtts.live")
+
+
+class Connection:
+    def __init__(self, ws: WebSocket, rt: Runtime, timestamps: bool) -> None:
+        self.ws, self.rt, self.timestamps = ws, rt, timestamps
+        self.session: Session | None = None
+        self.stopping: asyncio.Task[None] | None = None
+        self.handle: StreamHandle | None = None
+        self.handle_voice = ""
+        self._send_lock = asyncio.Lock()
+        self.text_chars = 0
+
+    # ------------------------------------------------------------------ sending
+
+    async def send(self, data: bytes) -> None:
+        async with self._send_lock:
+            await self.ws.send_bytes(data)
+
+    async def _on_audio(self, audio: bytes, extra: dict[str, object]) -> None:
+        await self.send(audio_event(audio, **extra))
+
+    async def _on_finish(self, reason: str, message: str | None) -> None:
+        if reason == "error":
+            self.rt.metrics.errors.inc()
+        await self.send(finish_event(reason, message))
+
+    async def error(self, message: str) -> None:
+        """End the current session (if any) with finish/error; without one, still answer with finish/error."""
+        if self.session is not None and not self.session.done.is_set():
+            await self.session.abort(message)
+        else:
+            self.rt.metrics.errors.inc()
+            await self.send(finish_event("error", message))
+        self._end_session()
+
+    def _end_session(self) -> None:
+        if self.session is not None:
+            self.rt.metrics.sessions.dec()
+        self.session = None
+        self.stopping = None
+        self.text_chars = 0
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self) -> None:
+        self.rt.metrics.connections.inc()
+        try:
+            await self._preopen()
+            while True:
+                msg = await self.ws.receive()
+                if msg["type"] == "websocket.disconnect":
+                    break
+                if self.stopping is not None and self.stopping.done():
+                    self._end_session()
+                if msg.get("bytes") is None:
+                    await self.error("text frames are not supported: send msgpack maps in binary frames")
+                    continue
+                await self._handle(msg["bytes"])
+        except WebSocketDisconnect:
+            pass
+        finally:
+            await self._teardown()
+            self.rt.metrics.connections.dec()
+
+    async def _preopen(self) -> None:
+        voice_id = self.ws.query_params.get("reference_id")
+        if not voice_id:
+            return
+        try:
+            self.handle = self.rt.scheduler.open(voice_references(self.rt.voices.get(voice_id)))
+            self.handle_voice = "id:" + voice_id
+        except (VoiceError, NoSlotError, ValueError) as e:
+            # Not fatal: the client has not started a session; `start` will try again and report the error.
+            log.info("could not prefill %r at connect: %s", voice_id, e)
+
+    async def _handle(self, data: bytes) -> None:
+        try:
+            ev = decode_client_message(data, self.rt.config.limits)
+        except ProtocolError as e:
+            await self.error(str(e))
+            return
+        if ev is None:
+            return  # an event from a newer protocol: ignored
+        if isinstance(ev, StartEvent):
+            if self.session is not None:
+                await self.error("'start' received while a session is active; send 'stop' first")
+                return
+            await self._start(ev)
+            return
+        if self.session is None:
+            await self.error(f"'{type(ev).__name__.removesuffix('Event').lower()}' before 'start': send start first")
+            return
+        if self.stopping is not None:
+            await self.error("event after 'stop': wait for finish, then send a new start")
+            return
+        if isinstance(ev, TextEvent):
+            self.text_chars += len(ev.text)
+            if self.text_chars > self.rt.config.limits.max_session_text_chars:
+                await self.error(f"session text over the limit of {self.rt.config.limits.max_session_text_chars} "
+                                 "characters")
+                return
+            self.session.text(ev.text)
+        elif isinstance(ev, FlushEvent):
+            self.session.flush()
+        elif isinstance(ev, StopEvent):
+            self.stopping = asyncio.create_task(self._stop(self.session.stop()))
+        elif isinstance(ev, CancelEvent):
+            self.stopping = asyncio.create_task(self._stop(self.session.cancel()))
+
+    async def _stop(self, aw: Any) -> None:
+        await aw
+        self._end_session()
+
+    async def _start(self, ev: StartEvent) -> None:
+        req = ev.request
+        key = voice_key(req)
+        try:
+            fresh = False
+            if self.handle is not None and key == self.handle_voice and not self.handle.stream.error:
+                fresh = True  # same voice as the prefilled stream: reuse it, forgetting the previous session's turns
+            else:
+                refs = await resolve_references(req, self.rt.voices)
+                if self.handle is not None:
+                    self.handle.close()
+                    self.handle = None
+                self.handle = self.rt.scheduler.open(refs)
+                self.handle_voice = key
+            session = Session(
+                req, self.handle, self._on_audio, self._on_finish, self.rt.model_format, self.rt.sample_rate,
+                alignment=alignment_fields if (self.timestamps or req.timestamps) else None,
+                fresh_first_turn=fresh,
+                metrics=SessionMetrics(self.rt.metrics.ttfa.observe, self.rt.metrics.chunk_gap.observe,
+                                       self.rt.metrics.frames.inc),
+            )
+        except NoSlotError:
+            await self.error(f"too many concurrent sessions (limit {self.rt.config.max_running}); retry later")
+            return
+        except (SessionError, VoiceError, ValueError) as e:
+            await self.error(str(e))
+            return
+        self.session = session
+        self.rt.metrics.sessions.inc()
+        self.text_chars = len(req.text)
+        session.start()
+
+    async def _teardown(self) -> None:
+        if self.session is not None and not self.session.done.is_set():
+            self.session.segmenter.clear()
+            self.session.handle.cancel()
+            await self.session.abort("connection closed")
+        if self.session is not None:
+            self._end_session()
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+
+    async def shutdown(self) -> None:
+        """Server stopping: end the session with finish/error and close the socket."""
+        if self.session is not None and not self.session.done.is_set():
+            await self.session.abort("server shutting down")
+        try:
+            await self.ws.close(1001)
+        except Exception:  # already closed
+            pass

@@ -1,0 +1,41 @@
+"""Prometheus metrics for `/metrics`: load gauges read live from the scheduler, latency histograms from sessions."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from rtts.ws.runtime import Runtime
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
+
+
+class Metrics:
+    def __init__(self, rt: Runtime) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        sch = rt.scheduler
+        self.sessions = Gauge("rtts_active_sessions", "Live sessions (started, not finished)", registry=r)
+        self.connections = Gauge("rtts_open_connections", "Open WebSocket connections", registry=r)
+        g = Gauge("rtts_queued_prefill_jobs", "Prompt work waiting in or held by the prefill thread", registry=r)
+        # Reading the length of a worker-owned list/queue from another thread is a benign racy snapshot.
+        g.set_function(lambda: sch.prefill.inbox.qsize() + len(sch.prefill.pending))
+        g = Gauge("rtts_running_streams", "Streams in the decode batch", registry=r)
+        g.set_function(lambda: len(sch.decode.running))
+        g = Gauge("rtts_open_streams", "Scheduler streams holding a slot", registry=r)
+        g.set_function(lambda: sch.active_streams)
+        g = Gauge("rtts_free_slots", "Slots free for new streams", registry=r)
+        g.set_function(lambda: sch.slots.free)
+        self.ttfa = Histogram("rtts_ttfa_seconds", "Text trigger (flush/stop/segment) to first audio message sent",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.chunk_gap = Histogram("rtts_chunk_gap_seconds", "Time between consecutive audio messages of a turn",
+                                   buckets=_LATENCY_BUCKETS, registry=r)
+        self.frames = Counter("rtts_frames_generated", "Codec frames of audio generated (46.4 ms each)", registry=r)
+        self.decode_steps = Gauge("rtts_decode_steps", "Decode steps run since start", registry=r)
+        self.decode_steps.set_function(lambda: sch.decode.stats.steps)
+        self.errors = Counter("rtts_session_errors", "Sessions that ended with finish/error", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

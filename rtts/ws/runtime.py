@@ -1,0 +1,102 @@
+"""Everything a server process owns: model, engine, codec, scheduler threads, voices, metrics, limits."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rtts.audio.io import AudioError, read_audio
+from rtts.engine.engine import Engine
+from rtts.model.codec import Codec, load_codec
+from rtts.model.loading import LoadedModel, load_model
+from rtts.model.random_checkpoint import ensure_default_checkpoint
+from rtts.pingpong import Scheduler, SchedulerConfig
+from rtts.types import SamplingParams
+from rtts.voices import VoiceError, VoiceStore
+from rtts.ws.metrics import Metrics
+from rtts.ws.protocol import Limits
+
+log = logging.getLogger("rtts.server")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    checkpoint: str | None = None  # None: the embedded default model
+    host: str = "127.0.0.1"
+    port: int = 8080
+    device: str = "cpu"
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    max_running: int = 64
+    max_ctx: int = 4096
+    api_keys: tuple[str, ...] = ()
+    voices_dir: str | None = None
+    max_reference_seconds: float = 60.0
+    limits: Limits = field(default_factory=Limits)
+    cuda_graphs: bool = True
+    warmup: bool = True
+
+
+class Runtime:
+    def __init__(self, config: ServerConfig, loaded: LoadedModel | None = None, codec: Codec | None = None) -> None:
+        self.config = config
+        device = torch.device(config.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda requested but no CUDA device is available")
+        self.checkpoint = Path(config.checkpoint) if config.checkpoint else None
+        self.default_model = loaded is None and self.checkpoint is None
+        if loaded is None:
+            ckpt = self.checkpoint or ensure_default_checkpoint()
+            dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
+                     "bfloat16": torch.bfloat16, "float32": torch.float32}[config.dtype]
+            t0 = time.perf_counter()
+            loaded = load_model(ckpt, device=device, dtype=dtype)
+            codec = load_codec(ckpt, device=device, dtype=torch.float32)
+            log.info("loaded %s (%s, %s) in %.1f s", ckpt, loaded.config.model_type, dtype, time.perf_counter() - t0)
+        assert codec is not None
+        self.loaded, self.codec = loaded, codec
+        self.model_format = loaded.config.format
+        self.engine = Engine(loaded, max_slots=config.max_running, max_ctx=config.max_ctx)
+        self.scheduler = Scheduler(self.engine, codec, SchedulerConfig(cuda_graphs=config.cuda_graphs))
+        self.voices = VoiceStore(config.voices_dir, self.encode_reference)
+        self.metrics = Metrics(self)
+        self.ready = False
+
+    @property
+    def sample_rate(self) -> int:
+        return self.codec.config.sample_rate
+
+    def encode_reference(self, audio: bytes) -> np.ndarray:
+        """Reference audio bytes -> codec codes [num_codebooks, frames] (runs on the caller's thread)."""
+        try:
+            pcm = read_audio(audio, self.sample_rate, self.config.max_reference_seconds)
+        except AudioError as e:
+            raise VoiceError(str(e).replace("audio bytes: ", "")) from None
+        with torch.inference_mode():
+            x = torch.from_numpy(pcm).to(self.codec.device, self.codec.dtype)[None]
+            return self.codec.encode(x)[0].cpu().numpy()
+
+    def start(self) -> None:
+        """Capture graphs, start the threads, and run one synthesis so the first client pays no warm-up."""
+        self.scheduler.start()
+        if self.config.warmup:
+            t0 = time.perf_counter()
+            handle = self.scheduler.open()
+            try:
+                for _ in handle.speak("Warm up.", SamplingParams(seed=0, max_frames=8)):
+                    pass
+            finally:
+                handle.close()
+            log.info("warm-up synthesis took %.2f s", time.perf_counter() - t0)
+        self.ready = True
+        if self.default_model:
+            log.warning("serving the embedded default model: tiny random weights, it produces NOISE, not speech. "
+                        "Pass --checkpoint DIR (fishaudio/s2-pro or openaudio-s1-mini) for real voices.")
+
+    def stop(self) -> None:
+        self.ready = False
+        self.scheduler.stop()
