@@ -7,6 +7,7 @@ sleeps make prefill and decode steps slow, to put streams in a chosen state.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -79,11 +80,16 @@ class FakeCodec:
         self.config = _CodecConfig()
         self.device = torch.device("cpu")
         self.decode_seconds = decode_seconds
+        self.gate: threading.Event | None = None  # when set by a test, each decode waits for it (then clears it)
+        self.entered = threading.Event()  # set when a decode call starts
 
     def new_stream_state(self, capacity: int) -> _FakeCodecState:
         return _FakeCodecState(capacity)
 
     def decode_stream(self, codes: torch.Tensor, state: _FakeCodecState, slots: torch.Tensor) -> torch.Tensor:
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(30)
         time.sleep(self.decode_seconds)
         B, _, t = codes.shape
         base = state.frames[slots][:, None] + torch.arange(t)[None]  # [B, t]

@@ -139,14 +139,16 @@ def test_cancel_at_every_state(tiny: LoadedModel, state: str) -> None:
     kw = {"step_seconds": 0.02} if state in ("decode", "queued") else {}
     if state == "prefill":
         kw = {"prefill_seconds": 0.3}
-    if state == "codec":
-        kw = {"decode_seconds": 0.3}
     setup = FakeSetup(tiny, **kw)
     with Scheduler(setup.engine, setup.codec) as sch:  # type: ignore[arg-type]
         h = sch.open()
         other = sch.open()
         other_ob = other.speak("unaffected", params(3))
-        first = h.speak("first turn", params(2, 200))
+        if state == "codec":  # hold the codec inside its first decode of h's turn
+            wait_for(lambda: other_ob.closed)
+            setup.codec.gate = threading.Event()
+            setup.codec.entered.clear()
+        first = h.speak("first turn", params(8, 200), latency="low")
         second = h.speak("second turn", params(4))
         if state == "queued":
             h.cancel()
@@ -163,9 +165,15 @@ def test_cancel_at_every_state(tiny: LoadedModel, state: str) -> None:
             assert end.reason == FinishReason.CANCELLED
             wait_for(lambda: h.stream.slot not in sch.decode.running, timeout=1.0)
         elif state == "codec":
-            wait_for(lambda: any(a.turn.outbox is first for a in sch.codec_worker.pending.values()))
+            # The decode thread finishes the turn while the codec is stuck on its first chunk.
+            wait_for(lambda: setup.codec.entered.is_set() and h.stream.slot not in sch.decode.running
+                     and not h.stream.busy)
             h.cancel()
-            assert drain(first)[1].reason == FinishReason.CANCELLED
+            assert setup.codec.gate is not None
+            setup.codec.gate.set()
+            setup.codec.gate = None
+            chunks, end = drain(first)
+            assert end.reason == FinishReason.CANCELLED and not chunks
         else:
             assert drain(first)[1].ok and drain(second)[1].ok
             h.cancel()  # nothing active: a no-op

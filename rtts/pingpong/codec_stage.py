@@ -129,6 +129,9 @@ class CodecWorker:
             self.frames_decoded += n * len(group)
             for a, samples in zip(group, pcm):
                 a.buffered.clear()
+                if a.turn.cancelled:  # cancelled while this chunk was decoding: drop it
+                    a.final, a.reason = True, FinishReason.CANCELLED
+                    continue
                 a.turn.outbox.put(AudioChunk(np.ascontiguousarray(samples, dtype=np.float32), self.sample_rate, n,
                                              a.delivered, a.turn.t_submit))
                 a.delivered += n
