@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
         cc.add_argument("--checkpoint", help="checkpoint directory holding codec.pth (default: embedded model)")
         cc.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
 
+    qz = sub.add_parser("quantize", help="write a block-scaled FP8 copy of a checkpoint (serve it with --checkpoint)")
+    qz.add_argument("src")
+    qz.add_argument("dst")
+
     m = sub.add_parser("make-random-checkpoint", help="write random weights in a release layout")
     m.add_argument("--preset", choices=["s2-pro", "s1-mini", "tiny"], required=True)
     m.add_argument("out")
@@ -76,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from rtts.model.errors import CheckpointError, PromptError
 
     handlers = {"synth": cli.cmd_synth, "codec": cli.cmd_codec, "make-random-checkpoint": cli.cmd_make_random,
-                "serve": cli.cmd_serve}
+                "serve": cli.cmd_serve, "quantize": cli.cmd_quantize}
     try:
         handlers[args.command](args)
     except (CheckpointError, PromptError, AudioError, ValueError, FileNotFoundError, PermissionError) as e:

@@ -177,3 +177,14 @@ def cmd_serve(args: argparse.Namespace) -> None:
         max_running=args.max_running, max_ctx=args.max_ctx, api_keys=tuple(args.api_key), voices_dir=voices,
         max_reference_seconds=args.max_reference_seconds, cuda_graphs=not args.no_cuda_graphs,
     ))
+
+
+def cmd_quantize(args: argparse.Namespace) -> None:
+    from rtts.model.quant import quantize_checkpoint
+
+    src = Path(args.src)
+    if not src.is_dir():
+        raise ValueError(f"{args.src}: directory not found")
+    t0 = time.perf_counter()
+    out = quantize_checkpoint(src, args.dst)
+    _log(f"wrote FP8 checkpoint {out} in {time.perf_counter() - t0:.1f} s")

@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--seconds", type=float, default=6.0)
     p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--fp8", action="store_true", help="block-scaled FP8 transformer linears (rtts quantize format)")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args(argv)
 
@@ -153,6 +154,11 @@ def main(argv: list[str] | None = None) -> None:
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     t0 = time.perf_counter()
     lm, real_codec = random_model(args.preset, device, dtype)
+    if args.fp8:
+        from rtts.model.quant import quantize_model_
+
+        quantize_model_(lm.model)
+        torch.cuda.empty_cache()
     build_s = time.perf_counter() - t0
     engine = Engine(lm, max_slots=max(conc), max_ctx=args.max_ctx)
     points: list[Point] = []
@@ -188,6 +194,8 @@ def main(argv: list[str] | None = None) -> None:
         "kv_cache_gb": engine.kv.nbytes() / 1e9,
         "points": [vars(pt) for pt in points],
     }
-    jp, mp = write_results(args.out, f"scheduler-{args.preset}", data, "\n".join(rows))
+    name = f"scheduler-{args.preset}-{'fp8' if args.fp8 else args.dtype}"
+    data["attention_kernel"] = engine.attention_kernel
+    jp, mp = write_results(args.out, name, data, "\n".join(rows))
     print("\n".join(rows))
     print(f"wrote {jp} and {mp}")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from rtts import kernels
 from rtts.engine import sampling
 from rtts.engine.rng import exponential_noise
 from rtts.model.dual_ar import DualARTransformer
@@ -53,7 +54,7 @@ class SlotState:
     top_k: torch.Tensor  # [S] int64 (a huge value = no top-k)
     penalty: torch.Tensor  # [S] float32 (S1)
     ras_on: torch.Tensor  # [S] bool (S2)
-    window: torch.Tensor  # [S, 10] int64 (S2 RAS): last main tokens of decode steps, zeros first
+    window: torch.Tensor  # [S, 10, 1] int32 (S2 RAS): last main tokens of decode steps, zeros first
     ring: torch.Tensor  # [S, 16, rows] int64 (S1 penalty): columns of decode frames at (frame - 1) % 16
     ring_n: torch.Tensor  # [S] int64 (S1): decode frames written into the ring
     finish: torch.Tensor  # [S] int8 FinishReason of the newest frame
@@ -67,7 +68,7 @@ class SlotState:
             pos=z(slots), last_col=z(slots, rows), frame=z(slots), max_frames=z(slots), counter=z(slots),
             seed=z(slots), temperature=z(slots, dtype=torch.float32), top_p=z(slots, dtype=torch.float32),
             top_k=z(slots), penalty=z(slots, dtype=torch.float32), ras_on=z(slots, dtype=torch.bool),
-            window=z(slots, RAS_WINDOW), ring=z(slots, PENALTY_WINDOW, rows), ring_n=z(slots),
+            window=z(slots, RAS_WINDOW, 1, dtype=torch.int32), ring=z(slots, PENALTY_WINDOW, rows), ring_n=z(slots),
             finish=z(slots, dtype=torch.int8),
         )
 
@@ -167,6 +168,13 @@ class Engine:
         self.state.finish[self.scratch_slot] = FinishReason.CANCELLED
 
     # ------------------------------------------------------------------ slot lifecycle
+
+    @property
+    def attention_kernel(self) -> bool:
+        """Decode attention runs the CUDA kernel (lengths on the device: CUDA graphs need no KV-length buckets)."""
+        cfg = self.config
+        q = torch.empty(1, cfg.n_head, cfg.head_dim, dtype=self.dtype, device=self.device)
+        return kernels.decode_attention_fast(q, self.kv.k[0])
 
     def _round(self, v: float) -> float:
         return float(torch.tensor(v, dtype=self.param_dtype).float())
@@ -349,7 +357,8 @@ class Engine:
                 ones = torch.ones_like(temp)
                 probs_hi = sampling.filtered_probs(logits, ones * self.ras_temperature, ones * self.ras_top_p, top_k)
                 tok_hi = self.main_ids[sampling.race(probs_hi, self.noise(seed, counter, DRAW_RAS, self.main_ids))]
-                tok = sampling.ras_choice(tok, tok_hi, st.window[slots], self.sem_begin, self.sem_end, st.ras_on[slots])
+                tok = sampling.ras_choice(tok, tok_hi, st.window[slots][..., 0], self.sem_begin, self.sem_end,
+                                          st.ras_on[slots])
             c0 = (tok - self.sem_begin).clamp(0, self.config.codebook_size - 1)
         else:
             if decode:  # frame 0 gets no penalty
@@ -402,8 +411,7 @@ class Engine:
         st.counter[slots] = st.counter[slots] + active.long()
         if decode:
             if self.format == "s2":
-                old = st.window[slots]
-                st.window[slots] = torch.where(act, torch.cat([old[:, 1:], tok[:, None]], dim=1), old)
+                kernels.token_window_shift(st.window, slots, tok[:, None].to(torch.int32), active)
             else:
                 n = st.ring_n[slots]
                 at = n % PENALTY_WINDOW

@@ -42,12 +42,14 @@ class _Graph:
 
 
 class DecodeRunner:
-    def __init__(self, engine: Engine, use_graphs: bool | None = None, kv_bucketed: bool = True) -> None:
+    def __init__(self, engine: Engine, use_graphs: bool | None = None, kv_bucketed: bool | None = None) -> None:
         self.engine = engine
         self.device = engine.device
         self.use_graphs = (engine.device.type == "cuda") if use_graphs is None else use_graphs
         self.buckets = batch_buckets(engine.max_slots)
         full = engine.max_ctx + 1
+        if kv_bucketed is None:
+            kv_bucketed = not engine.attention_kernel
         self.kv_buckets = kv_buckets(full) if kv_bucketed else [full]
         cap = self.buckets[-1]
         self.slots_dev = torch.full((cap,), engine.scratch_slot, dtype=torch.int64, device=self.device)

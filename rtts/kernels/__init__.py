@@ -1,5 +1,254 @@
 """Hot GPU ops: CUDA C++ in `cuda/*.cu`, compiled at run time through CuPy, each with a pure-torch reference.
 
-This package is the only place that may import CuPy (lazily, in `_jit.py`); everything else calls the typed ops here,
-which fall back to the torch references when CUDA or CuPy is missing or `RTTS_REFERENCE_KERNELS=1`.
+Every op checks shapes, dtypes and layouts strictly (no silent unsqueeze, cast or copy), then runs the CUDA kernel
+when `_jit.available()` and the tensors live on the GPU, else the reference in `reference.py` (the CPU path, and what
+`RTTS_REFERENCE_KERNELS=1` forces everywhere). Only `_jit.py` imports CuPy.
 """
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from rtts.kernels import reference
+from rtts.kernels.reference import FP8, pad4
+
+_SMS = 132  # H200; only used to size split-K and split-KV grids
+
+
+def _use_cuda(*ts: torch.Tensor) -> bool:
+    if not all(t.is_cuda for t in ts):
+        return False
+    from rtts.kernels import _jit
+
+    return _jit.available()
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _i32(v: int) -> np.int32:
+    return np.int32(v)
+
+
+# ---------------------------------------------------------------------------------------------------- quantization
+
+
+def quantize_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x bf16 [M, K] (row-contiguous, K % 128 == 0) -> (q fp8 [M, K], scale fp32 [K/128, pad4(M)])."""
+    _check(x.dim() == 2 and x.dtype == torch.bfloat16,
+           f"quantize_1x128: want bf16 [M, K], got {x.dtype} {tuple(x.shape)}")
+    M, K = x.shape
+    _check(K % 128 == 0 and x.stride(1) == 1, f"quantize_1x128: K={K} must be a multiple of 128 with unit stride")
+    if not _use_cuda(x):
+        return reference.quantize_1x128(x)
+    from rtts.kernels import _jit
+
+    q = torch.empty(M, K, dtype=FP8, device=x.device)
+    s = torch.zeros(K // 128, pad4(M), dtype=torch.float32, device=x.device)
+    warps = M * (K // 128)
+    fn = _jit.function("fp8_quant.cu", "quantize_1x128")
+    _jit.launch(fn, (math.ceil(warps / 8),), (256,),
+                (x.data_ptr(), _i32(x.stride(0)), q.data_ptr(), s.data_ptr(), _i32(M), _i32(K), _i32(pad4(M))))
+    return q, s
+
+
+def swiglu_quantize(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """gate_up bf16 [M, 2I] = [gate | up] (contiguous, I % 128 == 0) -> quantized silu(gate) * up, as quantize_1x128."""
+    _check(gate_up.dim() == 2 and gate_up.dtype == torch.bfloat16 and gate_up.is_contiguous(),
+           f"swiglu_quantize: want contiguous bf16 [M, 2I], got {gate_up.dtype} {tuple(gate_up.shape)}")
+    M, I2 = gate_up.shape
+    _check(I2 % 256 == 0, f"swiglu_quantize: 2I={I2} must be a multiple of 256")
+    if not _use_cuda(gate_up):
+        return reference.swiglu_quantize(gate_up)
+    from rtts.kernels import _jit
+
+    I = I2 // 2  # noqa: E741
+    q = torch.empty(M, I, dtype=FP8, device=gate_up.device)
+    s = torch.zeros(I // 128, pad4(M), dtype=torch.float32, device=gate_up.device)
+    warps = M * (I // 128)
+    fn = _jit.function("fp8_quant.cu", "swiglu_quantize_1x128")
+    _jit.launch(fn, (math.ceil(warps / 8),), (256,),
+                (gate_up.data_ptr(), q.data_ptr(), s.data_ptr(), _i32(M), _i32(I), _i32(pad4(M))))
+    return q, s
+
+
+# ---------------------------------------------------------------------------------------------------- FP8 GEMM
+
+_NT = (1, 2, 4, 8, 16)
+_GEMM_INSTANCES = tuple(f"fp8_gemm<{nt},{w},{str(s).lower()}>" for nt in _NT for w in (4, 8) for s in (False, True))
+
+
+def gemm_plan(M: int, N: int, K: int) -> tuple[int, int, int, int]:
+    """(NT, warps, splits, K blocks per split): enough CTAs to fill the GPU, split-K only while the FP32 partials
+    stay small next to the weight bytes."""
+    nt = next(n for n in _NT if n * 8 >= M)
+    warps = 8 if N >= 4096 else 4
+    ctas = math.ceil(N / (warps * 16))
+    KB = K // 128
+    max_split = max(1, min(KB, K // (16 * M)))
+    splits = max(1, min(max_split, math.ceil(2 * _SMS / ctas)))
+    per = math.ceil(KB / splits)
+    return nt, warps, math.ceil(KB / per), per
+
+
+def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
+    """xq fp8 [M, K], sx fp32 [K/128, pad4(M)], wq fp8 [N, K], sw fp32 [ceil(N/128), K/128] -> bf16 [M, N]."""
+    _check(xq.dtype == FP8 and wq.dtype == FP8, f"fp8_gemm: want float8_e4m3fn operands, got {xq.dtype}, {wq.dtype}")
+    _check(xq.dim() == 2 and wq.dim() == 2 and xq.is_contiguous() and wq.is_contiguous(),
+           "fp8_gemm: operands must be contiguous 2-D")
+    M, K = xq.shape
+    N = wq.shape[0]
+    _check(wq.shape[1] == K and K % 128 == 0, f"fp8_gemm: K mismatch or not a multiple of 128 ({K}, {wq.shape[1]})")
+    _check(sx.dtype == torch.float32 and tuple(sx.shape) == (K // 128, pad4(M)) and sx.is_contiguous(),
+           f"fp8_gemm: sx must be fp32 [{K // 128}, {pad4(M)}], got {sx.dtype} {tuple(sx.shape)}")
+    _check(sw.dtype == torch.float32 and tuple(sw.shape) == (math.ceil(N / 128), K // 128) and sw.is_contiguous(),
+           f"fp8_gemm: sw must be fp32 [{math.ceil(N / 128)}, {K // 128}], got {sw.dtype} {tuple(sw.shape)}")
+    if not _use_cuda(xq, sx, wq, sw):
+        return reference.fp8_gemm(xq, sx, wq, sw)
+    if M > 128:  # decode shapes: larger batches run in 128-token slices
+        return torch.cat([fp8_gemm(xq[i:i + 128].contiguous(), _slice_scales(sx, i, min(M, i + 128)), wq, sw)
+                          for i in range(0, M, 128)])
+    from rtts.kernels import _jit
+
+    nt, warps, splits, per = gemm_plan(M, N, K)
+    grid = (math.ceil(N / (warps * 16)), splits)
+    y = torch.empty(M, N, dtype=torch.bfloat16, device=xq.device)
+    split = splits > 1
+    fn = _jit.function("fp8_gemm.cu", f"fp8_gemm<{nt},{warps},{str(split).lower()}>", _GEMM_INSTANCES)
+    out = torch.empty(splits, M, N, dtype=torch.float32, device=xq.device) if split else y
+    _jit.launch(fn, grid, (warps * 32,), (xq.data_ptr(), sx.data_ptr(), wq.data_ptr(), sw.data_ptr(),
+                                          out.data_ptr(), _i32(M), _i32(N), _i32(K), _i32(pad4(M)), _i32(per)))
+    if split:
+        red = _jit.function("fp8_gemm.cu", "gemm_reduce_splits", _GEMM_INSTANCES)
+        _jit.launch(red, (math.ceil(M * N / 256),), (256,), (out.data_ptr(), y.data_ptr(), _i32(splits), _i32(M * N)))
+    return y
+
+
+def _slice_scales(sx: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    s = torch.zeros(sx.shape[0], pad4(b - a), dtype=sx.dtype, device=sx.device)
+    s[:, : b - a] = sx[:, a:b]
+    return s
+
+
+def fp8_linear(x: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
+    """x bf16 [..., K] -> bf16 [..., N] = quantize_1x128 + fp8_gemm."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    xq, sx = quantize_1x128(x2)
+    return fp8_gemm(xq, sx, wq, sw).view(*lead, wq.shape[0])
+
+
+# ---------------------------------------------------------------------------------------------------- attention
+
+
+def attention_splits(B: int, n_kv: int, L: int) -> tuple[int, int]:
+    """(splits, keys per split) for a cache of L positions: about two CTAs per SM, at least 64 keys per split."""
+    want = max(1, math.ceil(2 * _SMS / (B * n_kv)))
+    chunk = max(64, math.ceil(L / want))
+    chunk = (chunk + 127) // 128 * 128
+    return math.ceil(L / chunk), chunk
+
+
+def decode_attention_fast(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether decode_attention would run its CUDA kernel for these tensors (callers keep their own reference
+    attention otherwise, e.g. the float32 CPU path)."""
+    H, D = q.shape[-2], q.shape[-1]
+    n_kv = k_cache.shape[-2]
+    return (q.dtype == k_cache.dtype == torch.bfloat16 and D in (64, 128) and H % n_kv == 0
+            and H // n_kv in (1, 2, 4, 8) and _use_cuda(q, k_cache))
+
+
+def decode_attention(
+    q: torch.Tensor,  # [B, H, D] bf16
+    k_cache: torch.Tensor,  # [rows, L, n_kv, D] bf16
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,  # [B] int64
+    lens: torch.Tensor,  # [B] int64, each in [1, L]
+) -> torch.Tensor:
+    """Softmax attention of one query per stream over positions [0, lens) of its slot -> [B, H, D] bf16.
+    Lengths are read on the device: one captured graph serves any lengths up to L."""
+    _check(q.dim() == 3 and k_cache.dim() == 4 and k_cache.shape == v_cache.shape,
+           f"decode_attention: want q [B, H, D], caches [rows, L, n_kv, D]; "
+           f"got {tuple(q.shape)}, {tuple(k_cache.shape)}")
+    B, H, D = q.shape
+    rows, L, n_kv, Dk = k_cache.shape
+    _check(D == Dk and H % n_kv == 0, f"decode_attention: head dims {D} vs {Dk}, heads {H} vs kv heads {n_kv}")
+    _check(q.dtype == k_cache.dtype == v_cache.dtype == torch.bfloat16, "decode_attention: bf16 tensors only")
+    _check(q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous(),
+           "decode_attention: tensors must be contiguous")
+    _check(slots.dtype == torch.int64 and lens.dtype == torch.int64 and slots.shape == lens.shape == (B,),
+           "decode_attention: slots and lens must be int64 [B]")
+    G = H // n_kv
+    if not _use_cuda(q, k_cache, v_cache, slots, lens) or D not in (64, 128) or G not in (1, 2, 4, 8):
+        return reference.decode_attention(q, k_cache, v_cache, slots, lens)
+    from rtts.kernels import _jit
+
+    S, chunk = attention_splits(B, n_kv, L)
+    out = torch.empty_like(q)
+    if S > 1:
+        ws_o = torch.empty(B, n_kv, S, G, D, dtype=torch.float32, device=q.device)
+        ws_ml = torch.empty(B, n_kv, S, G, 2, dtype=torch.float32, device=q.device)
+    else:
+        ws_o = ws_ml = out  # unused
+    fn = _jit.function("decode_attention.cu", f"decode_attention_{D}_{G}")
+    _jit.launch(fn, (S, n_kv, B), (128,), (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+                                           lens.data_ptr(), ws_o.data_ptr(), ws_ml.data_ptr(), out.data_ptr(),
+                                           _i32(n_kv), _i32(L), _i32(chunk), np.float32(1.0 / math.sqrt(D))))
+    if S > 1:
+        merge = _jit.function("decode_attention.cu", "decode_attention_merge")
+        _jit.launch(merge, (n_kv, B), (G * D,), (ws_o.data_ptr(), ws_ml.data_ptr(), out.data_ptr(), _i32(n_kv),
+                                                 _i32(G), _i32(D), _i32(S)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- token window
+
+
+def token_window_shift(buf: torch.Tensor, slots: torch.Tensor, new: torch.Tensor, active: torch.Tensor) -> None:
+    """In place: buf int32 [S, W, C]; for each row b with active[b], slot slots[b]'s window shifts left by one and
+    new[b] (int32 [B, C]) becomes its last column. Graph-safe (no host reads)."""
+    _check(buf.dtype == torch.int32 and buf.dim() == 3 and buf.is_contiguous(),
+           "token_window_shift: buf int32 [S, W, C]")
+    B = slots.shape[0]
+    _check(new.dtype == torch.int32 and tuple(new.shape) == (B, buf.shape[2]) and new.is_contiguous(),
+           f"token_window_shift: new must be int32 [{B}, {buf.shape[2]}]")
+    _check(slots.dtype == torch.int64 and active.dtype == torch.bool and active.shape == (B,),
+           "token_window_shift: slots int64 [B], active bool [B]")
+    W, C = buf.shape[1], buf.shape[2]
+    _check(W * C <= 1024, "token_window_shift: W * C must be <= 1024")
+    if not _use_cuda(buf, slots, new, active):
+        reference.token_window_shift(buf, slots, new, active)
+        return
+    from rtts.kernels import _jit
+
+    fn = _jit.function("token_window.cu", "token_window_shift")
+    threads = max(32, (W * C + 31) // 32 * 32)
+    _jit.launch(fn, (B,), (threads,), (buf.data_ptr(), slots.data_ptr(), new.data_ptr(), active.data_ptr(), _i32(W),
+                                       _i32(C)))
+
+
+def warmup(device: torch.device) -> None:
+    """Compile and load every kernel module now (before any CUDA-graph capture)."""
+    if device.type != "cuda":
+        return
+    from rtts.kernels import _jit
+
+    if not _jit.available():
+        return
+    _jit.function("fp8_quant.cu", "quantize_1x128")
+    _jit.function("fp8_quant.cu", "swiglu_quantize_1x128")
+    for inst in _GEMM_INSTANCES:
+        _jit.function("fp8_gemm.cu", inst, _GEMM_INSTANCES)
+    _jit.function("fp8_gemm.cu", "gemm_reduce_splits", _GEMM_INSTANCES)
+    for d in (64, 128):
+        for g in (1, 2, 4, 8):
+            _jit.function("decode_attention.cu", f"decode_attention_{d}_{g}")
+    _jit.function("decode_attention.cu", "decode_attention_merge")
+    _jit.function("token_window.cu", "token_window_shift")

@@ -57,6 +57,7 @@ class DualARConfig:
     semantic_start_token_id: int | None = None
     semantic_end_token_id: int | None = None
     eos_token_id: int | None = None
+    quantization: str | None = None  # "fp8_block": transformer linears stored as block-scaled FP8 (rtts quantize)
 
     @property
     def format(self) -> ModelFormat:
@@ -115,6 +116,12 @@ class DualARConfig:
                 raise CheckpointError(
                     source, f"unknown model_type {model_type!r} (expected 'fish_qwen3_omni' or 'dual_ar')"
                 )
+            q = raw.get("quantization")
+            if q is not None:
+                method = q.get("method") if isinstance(q, dict) else None
+                if method != "fp8_block" or list(q.get("block", [])) != [128, 128]:
+                    raise ValueError(f"unsupported quantization {q!r} (rtts reads fp8_block with 128x128 blocks)")
+                cfg = replace(cfg, quantization=method)
         except (TypeError, ValueError, KeyError) as e:
             raise CheckpointError(source, f"invalid config field: {e}") from None
         cfg.validate(source)
@@ -202,7 +209,7 @@ _S1_KEYS = {
     "attention_o_bias", "attention_qk_norm", "codebook_size", "num_codebooks", "use_gradient_checkpointing",
     "initializer_range", "is_reward_model", "scale_codebook_embeddings", "n_fast_layer", "fast_dim", "fast_n_head",
     "fast_n_local_heads", "fast_head_dim", "fast_intermediate_size", "fast_attention_qkv_bias",
-    "fast_attention_o_bias", "fast_attention_qk_norm", "share_codebook_embeddings", "use_moe",
+    "fast_attention_o_bias", "fast_attention_qk_norm", "share_codebook_embeddings", "use_moe", "quantization",
 }
 
 

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rtts import kernels
 from rtts.model.config import DualARConfig
 from rtts.model.layers import FeedForward, RMSNorm
 from rtts.model.rope import apply_rope
@@ -66,6 +67,10 @@ class Attention(nn.Module):
         idx = (rows[:, None].expand(B, S), positions)
         k_cache.index_put_(idx, k.to(k_cache.dtype))
         v_cache.index_put_(idx, v.to(v_cache.dtype))
+        if S == 1 and kernels.decode_attention_fast(q, k_cache):
+            # One query per stream: the decode-attention kernel reads each row's length on the device.
+            out = kernels.decode_attention(q[:, 0], k_cache, v_cache, rows, positions[:, 0] + 1)
+            return self.wo(out.reshape(B, 1, qs))
 
         keys = k_cache[:, :kv_len][rows].transpose(1, 2).to(q.dtype)  # [B, n_kv, L, hd]
         values = v_cache[:, :kv_len][rows].transpose(1, 2).to(q.dtype)

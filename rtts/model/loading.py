@@ -20,6 +20,7 @@ from torch import nn
 from rtts.model.config import DualARConfig
 from rtts.model.dual_ar import DualARTransformer
 from rtts.model.errors import CheckpointError
+from rtts.model.quant import convert_to_fp8, finish_fp8
 from rtts.model.tokenizer import FishTokenizer, load_tokenizer
 
 # Buffers some exports carry; they are recomputed, never loaded.
@@ -175,6 +176,8 @@ def load_model(
 
     with torch.device("meta"):
         model = DualARTransformer(config, tokenizer.semantic_begin_id, tokenizer.semantic_end_id)
+    if config.quantization == "fp8_block":
+        convert_to_fp8(model)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
     entries: dict[str, _Entry] = {}
@@ -222,6 +225,8 @@ def load_model(
             bar(sum(p.nbytes for p in parts.values()))
     finally:
         bar(None)
+    if config.quantization == "fp8_block":
+        finish_fp8(model)
     model.eval().requires_grad_(False)
     return LoadedModel(config, model, tokenizer, ckpt)
 
@@ -229,7 +234,9 @@ def load_model(
 def _assign(model: nn.Module, name: str, t: torch.Tensor, device: torch.device | str, dtype: torch.dtype) -> None:
     *path, leaf = name.split(".")
     mod = model.get_submodule(".".join(path))
-    t = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+    # FP8 weights and their float32 block scales keep their dtype; everything else takes the requested one.
+    keep = t.dtype == torch.float8_e4m3fn or leaf == "weight_scale" or not t.is_floating_point()
+    t = t.to(device=device, dtype=t.dtype if keep else dtype)
     if t.data_ptr() != 0 and not t.is_contiguous():
         t = t.contiguous()
     mod._parameters[leaf] = nn.Parameter(t, requires_grad=False)

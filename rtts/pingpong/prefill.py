@@ -126,6 +126,8 @@ class PrefillWorker:
         if turn.fresh:
             eng.rewind(stream.slot, stream.voice_len)
             stream.turn_open = False
+        if turn.reset_audio:  # ordered before this turn's frames in the codec inbox
+            self.to_codec.put(CodecReset(stream.slot))
         try:
             job.columns = self.builder.turn(turn.text, after_turn=stream.turn_open)
             eng.check_room(stream.slot, job.columns.shape[1], sample=True)

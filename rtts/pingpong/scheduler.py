@@ -149,9 +149,11 @@ class StreamHandle:
         return self.stream.slot
 
     def speak(self, text: str, params: SamplingParams | None = None, latency: str = "balanced",
-              loop: asyncio.AbstractEventLoop | None = None, fresh: bool = False) -> Outbox:
+              loop: asyncio.AbstractEventLoop | None = None, fresh: bool = False,
+              reset_audio: bool = False) -> Outbox:
         """Queue one text turn; returns its outbox (AudioChunk…, then TurnEnd). Turns of a stream run in order, each
-        conditioned on the ones before, unless fresh=True (then only on the voice prompt)."""
+        conditioned on the ones before, unless fresh=True (then only on the voice prompt). reset_audio=True starts
+        the stream's audio afresh (a new session reusing the stream), as if it had just been opened."""
         params = params or SamplingParams()
         params.validate()
         if latency not in CHUNK_FRAMES:
@@ -163,7 +165,7 @@ class StreamHandle:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
                 loop = None
-        turn = Turn(text, params, Outbox(loop), latency=latency, fresh=fresh)
+        turn = Turn(text, params, Outbox(loop), latency=latency, fresh=fresh, reset_audio=reset_audio)
         if self.stream.closed:
             turn.finish(FinishReason.ERROR, "stream is closed")
             return turn.outbox

@@ -40,6 +40,7 @@ class Turn:
     outbox: Outbox
     latency: str = "balanced"  # chunking after the first chunk: low / balanced / normal
     fresh: bool = False  # condition only on the voice prompt: the stream's earlier turns are forgotten first
+    reset_audio: bool = False  # a new session on a reused stream: its codec state starts from silence
     id: int = field(default_factory=lambda: next(_ids))
     t_submit: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # set by any thread; workers check it between steps

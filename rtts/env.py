@@ -1,0 +1,29 @@
+"""Every RTTS_* environment switch, typed, in one place (the only module that reads os.environ)."""
+
+from __future__ import annotations
+
+import os
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def reference_kernels() -> bool:
+    """RTTS_REFERENCE_KERNELS=1: run every op through its pure-torch reference (bisection, CPU)."""
+    return _flag("RTTS_REFERENCE_KERNELS")
+
+
+def kernel_cache_dir() -> str | None:
+    """RTTS_KERNEL_CACHE_DIR: where compiled kernels are cached (CuPy's own cache otherwise)."""
+    return os.environ.get("RTTS_KERNEL_CACHE_DIR") or None
+
+
+def home() -> str | None:
+    """RTTS_HOME: cache root for the default model and stored voices (default ~/.cache/rtts)."""
+    return os.environ.get("RTTS_HOME") or None
+
+
+def commit() -> str | None:
+    """RTTS_COMMIT: commit id for benchmark records on machines without the git checkout."""
+    return os.environ.get("RTTS_COMMIT") or None

@@ -1,0 +1,124 @@
+"""The only module that imports CuPy: compile `cuda/*.cu` with NVRTC at run time, cache, and launch on torch's stream.
+
+- Sources: the in-wheel copy (`rtts/_cuda`) if installed, else the repository's `cuda/`. `#include "x.cuh"` lines are
+  inlined, so the compiled text (and every cache key) covers every byte of every header.
+- Options: `-arch=sm_90a` on Hopper (wgmma/FP8 MMA need the `a` target; CuPy appends its own `-arch=sm_90`, which NVRTC
+  lets the first one override), `--std=c++17`, and `-DRTTS_SRC_HASH=<sha256 prefix>` so CuPy's disk cache can never
+  serve a stale binary.
+- Modules are compiled once per process (functools.cache, keyed by the source hash, NVRTC version and options) and
+  must be loaded before any CUDA-graph capture: `warmup()` does that.
+- Launches read `torch.cuda.current_stream()` at every call (inside graph capture that is the capture stream).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rtts import env
+
+
+class KernelCompileError(RuntimeError):
+    """NVRTC refused a kernel; the message names the source and carries the compiler log."""
+
+
+def cuda_dir() -> Path:
+    here = Path(__file__).resolve().parent.parent
+    for d in (here / "_cuda", here.parent / "cuda"):
+        if d.is_dir():
+            return d
+    raise FileNotFoundError("the cuda/ kernel sources are not installed")
+
+
+def _inline(path: Path, seen: set[Path] | None = None) -> str:
+    seen = seen if seen is not None else set()
+    out = []
+    for line in path.read_text().splitlines():
+        m = re.match(r'\s*#include\s+"([^"]+)"', line)
+        if m:
+            inc = (path.parent / m.group(1)).resolve()
+            if inc not in seen:
+                seen.add(inc)
+                out.append(_inline(inc, seen))
+            continue
+        if line.strip() == "#pragma once":
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
+def source(name: str) -> str:
+    return _inline(cuda_dir() / name)
+
+
+@functools.cache
+def _cupy() -> Any:
+    import cupy  # noqa: PLC0415  (the one place CuPy is imported)
+
+    if env.kernel_cache_dir():
+        import os  # noqa: PLC0415
+
+        os.environ.setdefault("CUPY_CACHE_DIR", env.kernel_cache_dir() or "")
+    return cupy
+
+
+def available() -> bool:
+    """CUDA kernels can run here (a GPU, CuPy, and no RTTS_REFERENCE_KERNELS)."""
+    if env.reference_kernels() or not torch.cuda.is_available():
+        return False
+    try:
+        _cupy()
+    except ImportError:
+        return False
+    return True
+
+
+def arch_option() -> str:
+    major, minor = torch.cuda.get_device_capability()
+    return "-arch=sm_90a" if (major, minor) == (9, 0) else f"-arch=sm_{major}{minor}"
+
+
+@functools.cache
+def _module(name: str, name_expressions: tuple[str, ...], src_hash: str, options: tuple[str, ...]) -> Any:
+    cp = _cupy()
+    try:
+        mod = cp.RawModule(code=source(name), options=options, name_expressions=name_expressions or None)
+        mod.compile()
+    except cp.cuda.compiler.CompileException as e:
+        raise KernelCompileError(f"cuda/{name}: NVRTC compile failed\n{e.get_message()}") from None
+    return mod
+
+
+def module(name: str, name_expressions: tuple[str, ...] = ()) -> Any:
+    text = source(name)
+    cp = _cupy()
+    nvrtc = ".".join(map(str, cp.cuda.nvrtc.getVersion()))
+    src_hash = hashlib.sha256(f"{text}\0{nvrtc}".encode()).hexdigest()[:16]
+    options = (arch_option(), "--std=c++17", f"-DRTTS_SRC_HASH=0x{src_hash}")
+    return _module(name, name_expressions, src_hash, options)
+
+
+@functools.cache
+def function(name: str, kernel: str, name_expressions: tuple[str, ...] = ()) -> Any:
+    mod = module(name, name_expressions)
+    return mod.get_function(kernel)
+
+
+@functools.cache
+def _external_stream(ptr: int) -> Any:
+    return _cupy().cuda.ExternalStream(ptr)
+
+
+def launch(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int = 0) -> None:
+    """Launch on torch's current stream (read now: inside a graph capture it is the capture stream).
+
+    Pointer arguments are passed as Python ints (tensor.data_ptr(), 8 bytes); 32-bit ints and floats must be numpy
+    scalars (np.int32 / np.float32) so they have the kernel's parameter size.
+    """
+    with _external_stream(torch.cuda.current_stream().cuda_stream):
+        fn(grid, block, args, shared_mem=shared_mem)

@@ -1,0 +1,99 @@
+"""Pure-torch versions of every kernel: the CPU path, the parity baseline, and what RTTS_REFERENCE_KERNELS=1 runs."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+BLOCK = 128
+
+
+def pad4(m: int) -> int:
+    return (m + 3) // 4 * 4
+
+
+def quantize_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (K % 128 == 0) -> q fp8 [M, K], scale fp32 [K/128, pad4(M)] (K-major; dequant = q * scale)."""
+    M, K = x.shape
+    xf = x.float().view(M, K // BLOCK, BLOCK)
+    scale = xf.abs().amax(-1).clamp(min=1e-4) / FP8_MAX  # [M, KB]
+    # Multiply by the float32 reciprocal, as the kernel does, so both round to the same FP8 values.
+    q = (xf * (1.0 / scale)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(M, K)
+    s = torch.zeros(K // BLOCK, pad4(M), dtype=torch.float32, device=x.device)
+    s[:, :M] = scale.T
+    return q, s
+
+
+def swiglu_quantize(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """gate_up [M, 2I] = [gate | up] -> quantize_1x128(silu(gate) * up) computed in float32."""
+    g, u = gate_up.float().chunk(2, dim=-1)
+    return quantize_1x128(torch.nn.functional.silu(g) * u)
+
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] -> q fp8 [N, K], scale fp32 [ceil(N/128), ceil(K/128)] per 128x128 block (dequant = q * scale)."""
+    N, K = w.shape
+    nb, kb = math.ceil(N / BLOCK), math.ceil(K / BLOCK)
+    wp = torch.zeros(nb * BLOCK, kb * BLOCK, dtype=torch.float32, device=w.device)
+    wp[:N, :K] = w.float()
+    blocks = wp.view(nb, BLOCK, kb, BLOCK)
+    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / FP8_MAX  # [nb, kb]
+    q = (blocks / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(nb * BLOCK, kb * BLOCK)
+    return q[:N, :K].contiguous(), scale
+
+
+def dequantize_weight(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    N, K = q.shape
+    s = scale.repeat_interleave(BLOCK, 0)[:N].repeat_interleave(BLOCK, 1)[:, :K]
+    return q.float() * s
+
+
+def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
+    """Block-scaled product -> bf16 [M, N]: per 128-wide K block, an exact FP32 sum scaled by sw * sx."""
+    M, K = xq.shape
+    N = wq.shape[0]
+    KB = K // BLOCK
+    x = xq.float().view(M, KB, BLOCK)
+    w = wq.float().view(N, KB, BLOCK)
+    sw_rows = sw.repeat_interleave(BLOCK, 0)[:N]  # [N, KB]
+    part = torch.einsum("mkb,nkb->kmn", x, w)  # [KB, M, N]
+    y = (part * sx[:, :M, None] * sw_rows.T[:, None, :]).sum(0)
+    return y.to(torch.bfloat16)
+
+
+def fp8_linear(x: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
+    """x [..., K] bf16 -> [..., N] bf16 through 1x128 activation quantization and the block-scaled GEMM."""
+    lead = x.shape[:-1]
+    xq, sx = quantize_1x128(x.reshape(-1, x.shape[-1]))
+    return fp8_gemm(xq, sx, wq, sw).view(*lead, wq.shape[0])
+
+
+def decode_attention(
+    q: torch.Tensor,  # [B, H, D]
+    k_cache: torch.Tensor,  # [rows, L, n_kv, D]
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,  # [B] int64
+    lens: torch.Tensor,  # [B] int64: attend to positions [0, lens)
+) -> torch.Tensor:
+    B, H, D = q.shape
+    n_kv = k_cache.shape[2]
+    L = int(lens.max())
+    k = k_cache[slots, :L].float()  # [B, L, n_kv, D]
+    v = v_cache[slots, :L].float()
+    g = H // n_kv
+    qf = q.float().view(B, n_kv, g, D)
+    scores = torch.einsum("bhgd,blhd->bhgl", qf, k) / math.sqrt(D)
+    mask = torch.arange(L, device=q.device)[None, :] < lens[:, None]  # [B, L]
+    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    out = torch.einsum("bhgl,blhd->bhgd", torch.softmax(scores, -1), v)
+    return out.reshape(B, H, D).to(q.dtype)
+
+
+def token_window_shift(buf: torch.Tensor, slots: torch.Tensor, new: torch.Tensor, active: torch.Tensor) -> None:
+    """buf [S, W, C] (in place): each active row's slot window moves left by one and `new` [B, C] becomes column W-1."""
+    cur = buf[slots]  # [B, W, C]
+    shifted = torch.cat([cur[:, 1:], new[:, None].to(buf.dtype)], dim=1)
+    buf[slots] = torch.where(active[:, None, None].bool(), shifted, cur)

@@ -1,0 +1,183 @@
+"""Block-scaled FP8 weights: the `rtts quantize` format and the modules that run it.
+
+On disk (`rtts quantize SRC DST`): every transformer linear of the slow and fast stacks (`attention.wqkv`,
+`attention.wo`, `feed_forward.w1/w3/w2`) stores `<name>.weight` as float8_e4m3fn [N, K] and `<name>.weight_scale` as
+float32 [ceil(N/128), ceil(K/128)] — one dequantization multiplier per 128x128 block, row-major, exactly what the
+GEMM kernel reads. Embeddings, norms and the output heads stay in the checkpoint's dtype. `config.json` gains
+`"quantization": {"method": "fp8_block", "block": [128, 128]}`.
+
+At run time the MLP fuses w1 and w3 into one [2I, K] weight (the 128-row blocks line up when I % 128 == 0), so one
+GEMM produces [gate | up] and the fused SwiGLU-quantize kernel feeds the down projection.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rtts import kernels
+from rtts.kernels import reference
+from rtts.model.layers import FeedForward
+
+QUANT_CONFIG = {"method": "fp8_block", "block": [128, 128]}
+_QUANTIZED = re.compile(r"(^|\.)(fast_)?layers\.\d+\.(attention\.(wqkv|wo)|feed_forward\.(w1|w2|w3))\.weight$")
+
+
+def is_quantized_name(name: str) -> bool:
+    """Internal parameter names that `rtts quantize` stores in FP8."""
+    return bool(_QUANTIZED.search(name))
+
+
+class FP8Linear(nn.Module):
+    """y = x @ dequant(weight)^T with bf16 in/out (no bias: the DualAR linears have none)."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=reference.FP8), requires_grad=False)
+        self.weight_scale = nn.Parameter(
+            torch.empty(-(-out_features // 128), -(-in_features // 128), dtype=torch.float32), requires_grad=False
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.fp8_linear(x.to(torch.bfloat16), self.weight, self.weight_scale).to(x.dtype)
+
+
+class FP8FeedForward(nn.Module):
+    """SwiGLU MLP on FP8 weights: fused gate/up GEMM -> SwiGLU + 1x128 quantize -> down GEMM."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1, self.w3, self.w2 = FP8Linear(dim, hidden), FP8Linear(dim, hidden), FP8Linear(hidden, dim)
+        self.gate_up: torch.Tensor | None = None  # [2I, K] fp8, built by fuse()
+        self.gate_up_scale: torch.Tensor | None = None
+
+    def fuse(self) -> None:
+        """Concatenate w1 and w3 (and their block scales) into one weight; w1/w3 become views into it."""
+        hidden = self.w1.out_features
+        if hidden % 128:
+            return  # block rows would straddle the seam: keep two GEMMs
+        self.gate_up = torch.cat([self.w1.weight.data, self.w3.weight.data])
+        self.gate_up_scale = torch.cat([self.w1.weight_scale.data, self.w3.weight_scale.data])
+        self.w1.weight.data, self.w3.weight.data = self.gate_up[:hidden], self.gate_up[hidden:]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
+        if self.gate_up is None or self.gate_up_scale is None:
+            h = nn.functional.silu(self.w1(x2)) * self.w3(x2)
+            return self.w2(h).view(*lead, -1).to(x.dtype)
+        xq, sx = kernels.quantize_1x128(x2)
+        gu = kernels.fp8_gemm(xq, sx, self.gate_up, self.gate_up_scale)  # [M, 2I]
+        hq, sh = kernels.swiglu_quantize(gu)
+        y = kernels.fp8_gemm(hq, sh, self.w2.weight, self.w2.weight_scale)
+        return y.view(*lead, -1).to(x.dtype)
+
+
+def convert_to_fp8(model: nn.Module) -> None:
+    """Swap the quantizable linears of a (meta-device) model for FP8 modules, in place."""
+    for name, mod in list(model.named_modules()):
+        for child_name, child in list(mod.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if isinstance(child, FeedForward) and re.search(r"layers\.\d+\.feed_forward$", full):
+                dim, hidden = child.w1.in_features, child.w1.out_features
+                with torch.device("meta"):
+                    setattr(mod, child_name, FP8FeedForward(dim, hidden))
+            elif isinstance(child, nn.Linear) and re.search(r"layers\.\d+\.attention\.(wqkv|wo)$", full):
+                if child.bias is not None:
+                    raise ValueError(f"{full}: FP8 linears have no bias")
+                with torch.device("meta"):
+                    setattr(mod, child_name, FP8Linear(child.in_features, child.out_features))
+
+
+def finish_fp8(model: nn.Module) -> None:
+    for m in model.modules():
+        if isinstance(m, FP8FeedForward):
+            m.fuse()
+
+
+def quantize_checkpoint(src: str | Path, dst: str | Path, progress: bool = True) -> Path:
+    """Write DST = SRC with FP8 block-scaled transformer linears (safetensors, tensor by tensor)."""
+    from rtts.model.config import DualARConfig
+    from rtts.model.loading import iter_checkpoint, weight_files
+    from rtts.model.random_checkpoint import to_release_key
+    from rtts.model.safetensors_writer import write_safetensors
+
+    src, dst = Path(src), Path(dst)
+    config = DualARConfig.from_file(src / "config.json")
+    raw_cfg = json.loads((src / "config.json").read_text())
+    if raw_cfg.get("quantization"):
+        raise ValueError(f"{src} is already quantized")
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():  # tokenizer, codec, configs: copied unchanged
+        if f.is_file() and f not in weight_files(src) and f.name not in ("config.json", "model.safetensors.index.json"):
+            shutil.copy(f, dst / f.name)
+    raw_cfg["quantization"] = QUANT_CONFIG
+    (dst / "config.json").write_text(json.dumps(raw_cfg, indent=2))
+
+    entries = {e.name: e for e in iter_checkpoint(src, config)}
+    specs: list[tuple[str, tuple[int, ...], torch.dtype]] = []
+    for name, e in entries.items():
+        out_name = to_release_key(name, config.format)
+        if is_quantized_name(name):
+            n, k = e.shape
+            if n % 128 or k % 128:
+                raise ValueError(f"{name}: shape {list(e.shape)} is not a multiple of the 128x128 FP8 block")
+            specs.append((out_name, (n, k), reference.FP8))
+            specs.append((out_name + "_scale", (n // 128, k // 128), torch.float32))
+        else:  # the FP8 serving path runs everything else in bf16
+            specs.append((out_name, e.shape, torch.bfloat16))
+    back = {to_release_key(n, config.format): n for n in entries}
+    cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def make(out_name: str) -> torch.Tensor:
+        if out_name.endswith(".weight_scale"):
+            q_s = cache.pop(out_name[: -len("_scale")])
+            return q_s[1]
+        name = back[out_name]
+        t = entries[name].load()
+        if is_quantized_name(name):
+            q, s = reference.quantize_weight(t)
+            cache[out_name] = (q, s)
+            return q
+        return t.to(torch.bfloat16)
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(specs), desc="quantizing", unit="tensor")
+    fname = "model.safetensors"
+    write_safetensors(dst / fname, specs, make, on_tensor=lambda n: bar.update(1) if bar is not None else None)
+    if bar is not None:
+        bar.close()
+    return dst
+
+
+
+def quantize_model_(model: nn.Module) -> None:
+    """Quantize a loaded bf16/fp32 model's transformer linears in place (same result as `rtts quantize` + load)."""
+    for name, mod in list(model.named_modules()):
+        for child_name, child in list(mod.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if isinstance(child, FeedForward) and re.search(r"layers\.\d+\.feed_forward$", full):
+                ff = FP8FeedForward(child.w1.in_features, child.w1.out_features)
+                for src, dst in ((child.w1, ff.w1), (child.w3, ff.w3), (child.w2, ff.w2)):
+                    _fill(dst, src.weight.data)
+                ff.fuse()
+                setattr(mod, child_name, ff)
+            elif isinstance(child, nn.Linear) and re.search(r"layers\.\d+\.attention\.(wqkv|wo)$", full):
+                lin = FP8Linear(child.in_features, child.out_features)
+                _fill(lin, child.weight.data)
+                setattr(mod, child_name, lin)
+
+
+def _fill(lin: FP8Linear, w: torch.Tensor) -> None:
+    q, s = reference.quantize_weight(w)
+    lin.weight = nn.Parameter(q, requires_grad=False)
+    lin.weight_scale = nn.Parameter(s.contiguous(), requires_grad=False)

@@ -1,0 +1,167 @@
+"""Kernels: the torch references against plain math (CPU, always), and every CUDA kernel against its reference on
+random non-zero inputs, odd sizes included (marked gpu)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rtts import kernels
+from rtts.kernels import reference as ref
+
+GPU = pytest.mark.gpu
+
+
+def _x(*shape: int, scale: float = 1.0, seed: int = 0, device: str = "cpu") -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).to(device)
+
+
+# ---------------------------------------------------------------------------------------------------- references
+
+
+def test_reference_quantize_roundtrip() -> None:
+    x = _x(5, 384, scale=3.0)
+    q, s = ref.quantize_1x128(x)
+    assert q.dtype == ref.FP8 and s.shape == (3, 8)
+    deq = q.float().view(5, 3, 128) * s[:, :5].T[..., None]
+    rel = (deq.view(5, 384) - x.float()).abs().max() / x.float().abs().max()
+    assert rel < 0.07  # e4m3 keeps 3 mantissa bits
+
+
+def test_reference_gemm_matches_dequantized_matmul() -> None:
+    x, w = _x(7, 256, seed=1), _x(200, 256, seed=2)
+    wq, sw = ref.quantize_weight(w)
+    assert sw.shape == (2, 2)
+    xq, sx = ref.quantize_1x128(x)
+    y = ref.fp8_gemm(xq, sx, wq, sw).float()
+    deq_x = xq.float().view(7, 2, 128) * sx[:, :7].T[..., None]
+    expect = deq_x.view(7, 256) @ ref.dequantize_weight(wq, sw).T
+    assert torch.allclose(y, expect, rtol=1e-2, atol=1e-2)
+    exact = x.float() @ w.float().T
+    assert (y - exact).abs().max() / exact.abs().max() < 0.1
+
+
+def test_reference_decode_attention_matches_sdpa() -> None:
+    B, H, n_kv, D, L = 3, 8, 2, 64, 40
+    q = _x(B, H, D, seed=3)
+    kc, vc = _x(5, L, n_kv, D, seed=4), _x(5, L, n_kv, D, seed=5)
+    slots, lens = torch.tensor([4, 0, 2]), torch.tensor([40, 1, 17])
+    out = ref.decode_attention(q, kc, vc, slots, lens).float()
+    for b in range(B):
+        n = int(lens[b])
+        k = kc[slots[b], :n].float().permute(1, 0, 2).repeat_interleave(H // n_kv, 0)  # [H, n, D]
+        v = vc[slots[b], :n].float().permute(1, 0, 2).repeat_interleave(H // n_kv, 0)
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q[b].float()[:, None], k, v)[:, 0]
+        assert torch.allclose(out[b], sdpa, atol=2e-2)
+
+
+def test_reference_token_window() -> None:
+    buf = torch.arange(4 * 3 * 2, dtype=torch.int32).view(4, 3, 2)
+    before = buf.clone()
+    kernels.token_window_shift(buf, torch.tensor([2, 0]), torch.tensor([[100, 101], [200, 201]], dtype=torch.int32),
+                               torch.tensor([True, False]))
+    assert torch.equal(buf[2], torch.tensor([[before[2, 1, 0], before[2, 1, 1]], [before[2, 2, 0], before[2, 2, 1]],
+                                             [100, 101]], dtype=torch.int32))
+    assert torch.equal(buf[0], before[0]) and torch.equal(buf[1], before[1])
+
+
+def test_strict_checks() -> None:
+    with pytest.raises(ValueError, match="multiple of 128"):
+        kernels.quantize_1x128(_x(2, 100))
+    with pytest.raises(ValueError, match="bf16"):
+        kernels.quantize_1x128(torch.zeros(2, 128))
+    xq, sx = ref.quantize_1x128(_x(2, 128))
+    wq, sw = ref.quantize_weight(_x(64, 128))
+    with pytest.raises(ValueError, match="sx must be"):
+        kernels.fp8_gemm(xq, sx[:, :1].contiguous(), wq, sw)
+    with pytest.raises(ValueError, match="int64"):
+        kernels.decode_attention(_x(1, 4, 64), _x(1, 8, 2, 64), _x(1, 8, 2, 64), torch.tensor([0], dtype=torch.int32),
+                                 torch.tensor([3]))
+
+
+# ---------------------------------------------------------------------------------------------------- CUDA parity
+
+
+@GPU
+@pytest.mark.parametrize("M,K", [(1, 128), (3, 2560), (17, 9728), (64, 4096), (129, 256)])
+def test_quantize_kernel(M: int, K: int) -> None:
+    x = _x(M, K, scale=2.0, seed=M, device="cuda")
+    q, s = kernels.quantize_1x128(x)
+    rq, rs = ref.quantize_1x128(x)
+    assert torch.equal(s, rs)
+    assert (q.float() - rq.float()).abs().max() == 0
+
+
+@GPU
+@pytest.mark.parametrize("M,I", [(1, 128), (5, 9728), (64, 256)])
+def test_swiglu_quantize_kernel(M: int, I: int) -> None:  # noqa: E741
+    gu = _x(M, 2 * I, scale=2.0, seed=I, device="cuda")
+    q, s = kernels.swiglu_quantize(gu)
+    rq, rs = ref.swiglu_quantize(gu)
+    assert torch.allclose(s, rs, rtol=1e-3)
+    deq, rdeq = q.float() * s.repeat_interleave(128, 0)[:I, :M].T, rq.float() * rs.repeat_interleave(128, 0)[:I, :M].T
+    assert (deq - rdeq).abs().max() <= 0.07 * rdeq.abs().max()  # one FP8 step at most (exp approximation)
+
+
+@GPU
+@pytest.mark.parametrize("M", [1, 3, 16, 17, 64, 100, 128, 200])
+@pytest.mark.parametrize("N,K", [(2560, 2560), (6144, 2560), (2560, 9728), (200, 384), (4097, 2560)])
+def test_fp8_gemm_kernel(M: int, N: int, K: int) -> None:
+    x, w = _x(M, K, seed=M, device="cuda"), _x(N, K, scale=0.05, seed=N, device="cuda")
+    wq, sw = ref.quantize_weight(w)
+    xq, sx = ref.quantize_1x128(x)
+    y = kernels.fp8_gemm(xq, sx, wq, sw).float()
+    r = ref.fp8_gemm(xq, sx, wq, sw).float()
+    err = (y - r).abs().max() / r.abs().max()
+    assert err < 1e-2, f"relative error {err}"
+
+
+@GPU
+@pytest.mark.parametrize("B,L", [(1, 1), (1, 700), (16, 2048), (64, 2048), (3, 130)])
+@pytest.mark.parametrize("n_kv,G,D", [(8, 4, 128), (8, 2, 64), (2, 1, 128)])
+def test_decode_attention_kernel(B: int, L: int, n_kv: int, G: int, D: int) -> None:
+    rows = B + 2
+    q = _x(B, n_kv * G, D, seed=B, device="cuda")
+    kc, vc = _x(rows, L, n_kv, D, seed=1, device="cuda"), _x(rows, L, n_kv, D, seed=2, device="cuda")
+    g = torch.Generator().manual_seed(L)
+    slots = torch.randperm(rows, generator=g)[:B].cuda()
+    lens = torch.randint(1, L + 1, (B,), generator=g).cuda()
+    lens[0] = L
+    out = kernels.decode_attention(q, kc, vc, slots, lens).float()
+    r = ref.decode_attention(q, kc, vc, slots, lens).float()
+    assert (out - r).abs().max() < 2e-2
+
+
+@GPU
+def test_token_window_kernel() -> None:
+    buf = torch.randint(0, 1000, (9, 10, 1), dtype=torch.int32, device="cuda")
+    rbuf = buf.clone()
+    slots = torch.tensor([3, 8, 8, 0], device="cuda")  # 8 = padded rows on a scratch slot
+    new = torch.randint(0, 1000, (4, 1), dtype=torch.int32, device="cuda")
+    active = torch.tensor([True, False, False, True], device="cuda")
+    kernels.token_window_shift(buf, slots, new, active)
+    ref.token_window_shift(rbuf, slots, new, active)
+    assert torch.equal(buf, rbuf)
+
+
+@GPU
+def test_kernels_capture_in_cuda_graph() -> None:
+    x, w = _x(16, 2560, device="cuda"), _x(2560, 2560, scale=0.05, device="cuda")
+    wq, sw = ref.quantize_weight(w)
+    kernels.warmup(torch.device("cuda"))
+    eager = kernels.fp8_linear(x, wq, sw)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        kernels.fp8_linear(x, wq, sw)
+        with torch.cuda.graph(g, stream=s):
+            out = kernels.fp8_linear(x, wq, sw)
+    torch.cuda.current_stream().wait_stream(s)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    assert math.isfinite(float(out.float().abs().max()))

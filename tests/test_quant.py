@@ -1,0 +1,75 @@
+"""`rtts quantize` and the FP8 serving path: saved-file layout, per-layer accuracy, and the FP8-vs-bf16 gate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from rtts.__main__ import main
+from rtts.bench.gate import make_demo, run_gate
+from rtts.model.loading import load_model
+from rtts.model.quant import FP8FeedForward, FP8Linear
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return make_demo(tmp_path_factory.mktemp("gate"))
+
+
+def test_quantized_file_layout(demo: tuple[Path, Path]) -> None:
+    src, dst = demo
+    assert json.loads((dst / "config.json").read_text())["quantization"] == {"method": "fp8_block", "block": [128, 128]}
+    with safe_open(str(dst / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        w = f.get_tensor("text_model.model.layers.0.attention.wqkv.weight")
+        s = f.get_tensor("text_model.model.layers.0.attention.wqkv.weight_scale")
+        assert w.dtype == torch.float8_e4m3fn and s.dtype == torch.float32
+        assert s.shape == (w.shape[0] // 128, w.shape[1] // 128)
+        assert "audio_decoder.layers.1.feed_forward.w2.weight_scale" in keys
+        assert f.get_tensor("text_model.model.embeddings.weight").dtype == torch.bfloat16
+    for name in ("tokenizer.json", "codec.pth", "codec_config.json"):
+        assert (dst / name).exists()
+
+
+def test_every_quantized_layer_matches_bf16(demo: tuple[Path, Path]) -> None:
+    """Scale-layout or stride bugs give wrong outputs at full speed: compare each FP8 layer with its bf16 source."""
+    src, dst = demo
+    ref, q = load_model(src, dtype=torch.bfloat16), load_model(dst, dtype=torch.bfloat16)
+    ref_mods = dict(ref.model.named_modules())
+    checked = 0
+    for name, mod in q.model.named_modules():
+        if not isinstance(mod, (FP8Linear, FP8FeedForward)) or name.endswith((".w1", ".w2", ".w3")):
+            continue
+        dense = ref_mods[name]
+        x = torch.randn(5, mod.w1.in_features if isinstance(mod, FP8FeedForward) else mod.in_features,
+                        generator=torch.Generator().manual_seed(checked)).to(torch.bfloat16)
+        with torch.inference_mode():
+            a, b = dense(x).float(), mod(x).float()
+        rel = float((a - b).norm() / a.norm())
+        assert rel < 0.08, f"{name}: relative error {rel:.3f}"
+        checked += 1
+    assert checked == 2 * (2 + 1) * 2  # (wqkv, wo, mlp) x layers x (slow, fast)
+
+
+def test_gate_fp8_matches_bf16_greedy(demo: tuple[Path, Path]) -> None:
+    r = run_gate(*demo)
+    assert r.passed, vars(r)
+    assert len({tuple(c) for c in r.columns_bf16}) > 1  # the gate is not decided by one repeated frame
+
+
+def test_quantize_cli_refuses_bad_input(tmp_path: Path, golden: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["quantize", str(tmp_path / "missing"), str(tmp_path / "out")])
+    with pytest.raises(SystemExit):  # the tiny golden model's 64-wide layers do not fit 128x128 blocks
+        main(["quantize", str(golden / "tiny-s2"), str(tmp_path / "out2")])
+    assert "multiple of the 128x128" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_gate_on_gpu_kernels(demo: tuple[Path, Path]) -> None:
+    r = run_gate(*demo, device="cuda")
+    assert r.passed, vars(r)
