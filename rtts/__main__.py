@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--voices-dir", help="stored voices (default: $RTTS_HOME/voices)")
     v.add_argument("--max-reference-seconds", type=float, default=60.0)
     v.add_argument("--no-cuda-graphs", action="store_true")
+    v.add_argument("--random-preset", choices=["s2-pro", "s1-mini", "tiny"],
+                   help="benchmarking: serve random weights of a preset built in memory (no checkpoint)")
+    v.add_argument("--fp8", action="store_true", help="with --random-preset: quantize the linears to block FP8")
 
     c = sub.add_parser("codec", help="encode audio to codes or decode codes to audio")
     csub = c.add_subparsers(dest="codec_cmd", required=True)

@@ -172,11 +172,25 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if args.max_running < 1 or args.max_ctx < 64:
         raise ValueError("--max-running must be >= 1 and --max-ctx >= 64")
     voices = args.voices_dir or str(default_checkpoint_dir().parent / "voices")
-    serve(ServerConfig(
+    config = ServerConfig(
         checkpoint=args.checkpoint, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
         max_running=args.max_running, max_ctx=args.max_ctx, api_keys=tuple(args.api_key), voices_dir=voices,
         max_reference_seconds=args.max_reference_seconds, cuda_graphs=not args.no_cuda_graphs,
-    ))
+    )
+    if args.random_preset is None:
+        serve(config)
+        return
+    from rtts.model.random_checkpoint import random_model
+    from rtts.ws.runtime import Runtime
+
+    dtype = torch.bfloat16 if args.device == "cuda" and args.dtype != "float32" else torch.float32
+    loaded, codec = random_model(args.random_preset, resolve_device(args.device), dtype)
+    if args.fp8:
+        from rtts.model.quant import quantize_model_
+
+        quantize_model_(loaded.model)
+    _log(f"serving RANDOM weights of the {args.random_preset} preset (benchmarking only: the audio is noise)")
+    serve(config, Runtime(config, loaded=loaded, codec=codec))
 
 
 def cmd_quantize(args: argparse.Namespace) -> None:

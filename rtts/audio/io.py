@@ -9,6 +9,8 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from rtts.audio.encode import float_to_s16
+
 
 class AudioError(ValueError):
     """Audio that cannot be decoded or is unusable (empty, too long)."""
@@ -49,4 +51,6 @@ def read_audio(source: str | Path | bytes, sample_rate: int, max_seconds: float 
 
 def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> None:
     """Mono float audio -> 16-bit PCM WAV (clipped to [-1, 1] first; the reference's int16 cast wraps instead)."""
-    sf.write(str(path), np.clip(np.asarray(audio, dtype=np.float32), -1.0, 1.0), sample_rate, subtype="PCM_16")
+    # Quantize with the live server's converter (round(x * 32767)), not libsndfile's (floor(x * 32768)): the same
+    # waveform then gives the same int16 samples from `rtts synth` and from a pcm/wav session.
+    sf.write(str(path), float_to_s16(np.asarray(audio, dtype=np.float32)), sample_rate, subtype="PCM_16")

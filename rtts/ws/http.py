@@ -55,7 +55,10 @@ async def tts(request: Request) -> Response:
             raise ProtocolError("text is empty")
         refs = await resolve_references(req, rt.voices)
         handle = rt.scheduler.open(refs)
-    except (ProtocolError, AudioFormatError, SessionError, VoiceError, ValueError) as e:
+    except ProtocolError as e:
+        # Its status says what kind of refusal it is (413 too large, 415 bad content type); not always 400.
+        return json_error(e.status, str(e))
+    except (AudioFormatError, SessionError, VoiceError, ValueError) as e:
         return json_error(400, str(e))
     except NoSlotError:
         return json_error(503, f"too many concurrent requests (limit {rt.config.max_running}); retry later")

@@ -28,7 +28,10 @@ def build_server(config: ServerConfig, rt: Runtime | None = None) -> tuple[_Serv
         host=config.host,
         port=config.port,
         ws="websockets",
-        ws_max_size=config.limits.max_message_bytes,
+        # Above the app's limit on purpose: a message somewhat over max_message_bytes reaches the session, which
+        # answers finish/error naming the limit and keeps the socket; at the transport limit websockets can only
+        # close with 1009, which the SDK reports as an unexplained disconnect. The cap still bounds memory.
+        ws_max_size=2 * config.limits.max_message_bytes,
         ws_ping_interval=20.0,
         ws_ping_timeout=20.0,
         ws_per_message_deflate=False,  # audio does not compress; deflate only adds latency
@@ -39,7 +42,7 @@ def build_server(config: ServerConfig, rt: Runtime | None = None) -> tuple[_Serv
     return _Server(ucfg), rt
 
 
-def serve(config: ServerConfig) -> None:
+def serve(config: ServerConfig, rt: Runtime | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    server, _ = build_server(config)
+    server, _ = build_server(config, rt)
     server.run()
