@@ -6,6 +6,7 @@ typedef unsigned char fp8_t;     // raw float8 e4m3 bits
 typedef long long i64;
 
 #define FP8_E4M3_MAX 448.0f
+#define RTTS_INF __int_as_float(0x7f800000)  // NVRTC has no math headers: no INFINITY
 
 __device__ __forceinline__ float bf16_to_float(bf16_t h) { return __uint_as_float(((unsigned)h) << 16); }
 

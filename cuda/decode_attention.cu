@@ -45,7 +45,7 @@ __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const
     float m[G], l[G], acc[G][DPL];
 #pragma unroll
     for (int gi = 0; gi < G; ++gi) {
-        m[gi] = -INFINITY;
+        m[gi] = -RTTS_INF;
         l[gi] = 0.f;
 #pragma unroll
         for (int d = 0; d < DPL; ++d) acc[gi][d] = 0.f;
@@ -74,7 +74,7 @@ __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const
         float p[G];
 #pragma unroll
         for (int gi = 0; gi < G; ++gi) {
-            const float tmax = warp_max(valid ? sc[gi] : -INFINITY);
+            const float tmax = warp_max(valid ? sc[gi] : -RTTS_INF);
             const float mn = fmaxf(m[gi], tmax);
             const float corr = exp2f(m[gi] - mn);  // m = -inf at first: corr = 0, and l/acc are 0 anyway
             p[gi] = valid ? exp2f(sc[gi] - mn) : 0.f;
@@ -120,11 +120,11 @@ __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const
     __syncthreads();
     for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
         const int gi = i / HD, d = i - gi * HD;
-        float mx = -INFINITY;
+        float mx = -RTTS_INF;
 #pragma unroll
         for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, wm[w][gi]);
         float lsum = 0.f, o = 0.f;
-        if (mx != -INFINITY) {
+        if (mx != -RTTS_INF) {
 #pragma unroll
             for (int w = 0; w < WARPS; ++w) {
                 const float f = exp2f(wm[w][gi] - mx);
@@ -169,13 +169,13 @@ extern "C" __global__ void decode_attention_merge(const float* __restrict__ ws_o
     if (i >= G * HD) return;
     const int gi = i / HD, d = i - gi * HD;
     const i64 base = ((i64)b * n_kv + h) * S;
-    float mx = -INFINITY;
+    float mx = -RTTS_INF;
     for (int s = 0; s < S; ++s) mx = fmaxf(mx, ws_ml[((base + s) * G + gi) * 2]);
     float lsum = 0.f, o = 0.f;
     for (int s = 0; s < S; ++s) {
         const i64 k = (base + s) * G + gi;
         const float mm = ws_ml[k * 2];
-        if (mm == -INFINITY) continue;  // an empty split (past this stream's length)
+        if (mm == -RTTS_INF) continue;  // an empty split (past this stream's length)
         const float f = exp2f(mm - mx);
         lsum += ws_ml[k * 2 + 1] * f;
         o += ws_o[k * HD + d] * f;

@@ -109,9 +109,25 @@ def function(name: str, kernel: str, name_expressions: tuple[str, ...] = ()) -> 
     return mod.get_function(kernel)
 
 
+class _StreamRef:
+    """A raw CUDA stream handle in the CUDA stream protocol (what CuPy 14's Stream.from_external takes)."""
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)
+
+
 @functools.cache
 def _external_stream(ptr: int) -> Any:
-    return _cupy().cuda.ExternalStream(ptr)
+    cp = _cupy()
+    if hasattr(cp.cuda.Stream, "from_external"):  # CuPy >= 14 (ExternalStream is deprecated there)
+        try:
+            return cp.cuda.Stream.from_external(_StreamRef(ptr))
+        except (TypeError, ValueError, AttributeError):
+            pass
+    return cp.cuda.ExternalStream(ptr)
 
 
 def launch(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int = 0) -> None:
