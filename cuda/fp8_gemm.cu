@@ -39,11 +39,13 @@ __device__ __forceinline__ void load_w(uint4 dst[2], const fp8_t* __restrict__ w
     }
 }
 
-// Tokens [0, ROWS) x 128 bytes of K block kb into shared memory (zeros past M). 4-byte stores: the padded row
-// stride is not 16-byte aligned.
+// Tokens [0, ROWS) x 128 bytes of K block kb into shared memory (zeros past M), with their scales. 4-byte stores:
+// the padded row stride is not 16-byte aligned.
 template <int ROWS>
-__device__ __forceinline__ void load_x(unsigned char* __restrict__ xs, const fp8_t* __restrict__ x, int M, int K,
+__device__ __forceinline__ void load_x(unsigned char* __restrict__ xs, float* __restrict__ xsc,
+                                       const fp8_t* __restrict__ x, const float* __restrict__ sx, int M, int K, int Mp,
                                        int kb) {
+    for (int m = threadIdx.x; m < ROWS; m += blockDim.x) xsc[m] = m < M ? sx[(i64)kb * Mp + m] : 0.f;
     for (int i = threadIdx.x; i < ROWS * 8; i += blockDim.x) {
         const int m = i >> 3, c = (i & 7) * 16;
         uint4 v = make_uint4(0, 0, 0, 0);
@@ -60,6 +62,7 @@ __global__ void __launch_bounds__(WARPS * 32) fp8_gemm(const fp8_t* __restrict__
                                                        int kb_per_split) {
     constexpr int ROWS = NT * 8;
     __shared__ __align__(16) unsigned char xs[2][ROWS * XS_STRIDE];
+    __shared__ float xsc[2][ROWS];  // activation scales of the block, per token
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int n0 = blockIdx.x * (WARPS * 16) + warp * 16;
     const int KB = K >> 7;
@@ -75,7 +78,7 @@ __global__ void __launch_bounds__(WARPS * 32) fp8_gemm(const fp8_t* __restrict__
     if (kb0 < kb1) {
         load_w(wa, w, n0 + g, N, K, kb0, t);
         load_w(wb, w, n0 + g + 8, N, K, kb0, t);
-        load_x<ROWS>(xs[0], x, M, K, kb0);
+        load_x<ROWS>(xs[0], xsc[0], x, sx, M, K, Mp, kb0);
     }
     __syncthreads();
     for (int kb = kb0; kb < kb1; ++kb) {
@@ -85,7 +88,7 @@ __global__ void __launch_bounds__(WARPS * 32) fp8_gemm(const fp8_t* __restrict__
         if (more) {  // next block in flight while this one computes
             load_w(na, w, n0 + g, N, K, kb + 1, t);
             load_w(nbw, w, n0 + g + 8, N, K, kb + 1, t);
-            load_x<ROWS>(xs[buf ^ 1], x, M, K, kb + 1);
+            load_x<ROWS>(xs[buf ^ 1], xsc[buf ^ 1], x, sx, M, K, Mp, kb + 1);
         }
         const unsigned ra[8] = {wa[0].x, wa[0].y, wa[0].z, wa[0].w, wa[1].x, wa[1].y, wa[1].z, wa[1].w};
         const unsigned rb[8] = {wb[0].x, wb[0].y, wb[0].z, wb[0].w, wb[1].x, wb[1].y, wb[1].z, wb[1].w};
@@ -102,12 +105,12 @@ __global__ void __launch_bounds__(WARPS * 32) fp8_gemm(const fp8_t* __restrict__
             }
         }
         const float swv = (n0 < N) ? sw[(i64)nb * KB + kb] : 0.f;
-        const float* sxk = sx + (i64)kb * Mp;
+        const float* sxk = xsc[buf];  // zero past M
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             const int c0 = nt * 8 + 2 * t;
-            const float s0 = c0 < M ? swv * sxk[c0] : 0.f;
-            const float s1 = c0 + 1 < M ? swv * sxk[c0 + 1] : 0.f;
+            const float s0 = swv * sxk[c0];
+            const float s1 = swv * sxk[c0 + 1];
             total[nt][0] += acc[nt][0] * s0;
             total[nt][1] += acc[nt][1] * s1;
             total[nt][2] += acc[nt][2] * s0;

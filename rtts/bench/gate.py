@@ -110,7 +110,7 @@ def greedy_frames(lm: LoadedModel, frames: int) -> tuple[torch.Tensor, list[torc
 
 
 def run_gate(bf16_dir: str | Path, fp8_dir: str | Path, device: str = "cpu", frames: int = 5,
-             bound: float = 0.15) -> GateResult:
+             bound: float = 0.2) -> GateResult:
     ref = load_model(bf16_dir, device=device, dtype=torch.bfloat16)
     q = load_model(fp8_dir, device=device, dtype=torch.bfloat16)
     with torch.inference_mode():
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--make-demo", help="write the demo gate model (and its FP8 copy) here and use it")
     p.add_argument("--device", default="cpu")
     p.add_argument("--frames", type=int, default=5)
-    p.add_argument("--bound", type=float, default=0.15)
+    p.add_argument("--bound", type=float, default=0.2)
     args = p.parse_args(argv)
     if args.make_demo:
         src, dst = make_demo(args.make_demo)

@@ -90,7 +90,7 @@ def gemm_plan(M: int, N: int, K: int) -> tuple[int, int, int, int]:
     warps = 8 if N >= 4096 else 4
     ctas = math.ceil(N / (warps * 16))
     KB = K // 128
-    max_split = max(1, min(KB, K // (16 * M)))
+    max_split = max(1, min(KB, K // (4 * M)))
     splits = max(1, min(max_split, math.ceil(2 * _SMS / ctas)))
     per = math.ceil(KB / splits)
     return nt, warps, math.ceil(KB / per), per
