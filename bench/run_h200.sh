@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# How the GPU numbers in bench/results and latency_reports were produced (one H200, no internet).
+# Usage on the GPU machine, from the repository root: bench/run_h200.sh OUT_DIR [tests] [kernels] [sched] [fp8] [ttfa]
+# Python packages the image lacks travel as wheels in .whl/ (see the device tool's README).
+set -u
+OUT=${1:?output dir}; shift
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  >/dev/null 2>&1
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 RTTS_GOLDEN_DIR=${RTTS_GOLDEN_DIR:-$PWD/.golden} RTTS_HOME=/tmp/rh
+for step in "$@"; do
+  case $step in
+    tests) timeout 180 python3 -m pytest -q -m gpu tests/test_kernels.py tests/test_gpu.py tests/test_quant.py \
+             -p no:cacheprovider --tb=short 2>&1 | tail -25 ;;
+    kernels) timeout 240 python3 -m rtts.bench kernels --out "$OUT" 2>&1 | tail -35 ;;
+    sched) timeout 200 python3 -m rtts.bench scheduler --preset s2-pro --concurrency 1,4,16,64 --codec none \
+             --seconds 5 --warmup 1.5 --out "$OUT" 2>&1 | grep -v "^Point" | tail -8 ;;
+    fp8) timeout 200 python3 -m rtts.bench scheduler --preset s2-pro --fp8 --concurrency 1,16,64 --codec none \
+           --seconds 5 --warmup 1.5 --out "$OUT" 2>&1 | grep -v "^Point" | tail -8 ;;
+    ttfa)
+      python3 -m rtts serve --random-preset s2-pro --device cuda --max-running 16 --max-ctx 2048 --port 8090 \
+        > "$OUT/serve.log" 2>&1 &
+      pid=$!
+      for _ in $(seq 1 120); do
+        python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8090/v1/health', timeout=1)" \
+          2>/dev/null && break
+        sleep 1
+      done
+      timeout 150 python3 clients/probe.py --url ws://127.0.0.1:8090 --concurrency 1,8 --rounds 5 --settle 0.5 \
+        --name h200-s2pro-random-bf16 --hardware "1x H200, torch reference path + rtts decode-attention kernel, bf16" \
+        --commit "${RTTS_COMMIT:-unknown}" --out "$OUT" 2>&1 | tail -6
+      kill -INT $pid; sleep 3; tail -3 "$OUT/serve.log" ;;
+  esac
+done
