@@ -10,7 +10,8 @@ __device__ __forceinline__ void quantize_block(const float v[4], int lane, fp8_t
                                                float* __restrict__ scale_out) {
     float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
     amax = warp_max(amax);
-    const float scale = __fdiv_rn(fmaxf(amax, 1e-4f), FP8_E4M3_MAX);  // IEEE division even under fast-math
+    // amax * fl(1/448), as the torch reference computes it (torch turns a division by a scalar into this product).
+    const float scale = fmaxf(amax, 1e-4f) * (1.0f / FP8_E4M3_MAX);
     const float inv = __frcp_rn(scale);  // IEEE reciprocal even under fast-math: matches the torch reference bit for bit
     const unsigned short lo = float2_to_e4m3x2(v[0] * inv, v[1] * inv);
     const unsigned short hi = float2_to_e4m3x2(v[2] * inv, v[3] * inv);

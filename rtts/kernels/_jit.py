@@ -109,25 +109,16 @@ def function(name: str, kernel: str, name_expressions: tuple[str, ...] = ()) -> 
     return mod.get_function(kernel)
 
 
-class _StreamRef:
-    """A raw CUDA stream handle in the CUDA stream protocol (what CuPy 14's Stream.from_external takes)."""
-
-    def __init__(self, ptr: int) -> None:
-        self.ptr = ptr
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.ptr)
-
-
 @functools.cache
 def _external_stream(ptr: int) -> Any:
-    cp = _cupy()
-    if hasattr(cp.cuda.Stream, "from_external"):  # CuPy >= 14 (ExternalStream is deprecated there)
-        try:
-            return cp.cuda.Stream.from_external(_StreamRef(ptr))
-        except (TypeError, ValueError, AttributeError):
-            pass
-    return cp.cuda.ExternalStream(ptr)
+    # NOTE: ExternalStream wraps the exact handle torch uses, including 0 (the legacy default stream). CuPy 14
+    # deprecates it in favour of Stream.from_external, which ran our kernels out of order with torch's eager ops in a
+    # test (results read before they were written), so the deprecated, exact wrapper stays.
+    import warnings  # noqa: PLC0415
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return _cupy().cuda.ExternalStream(ptr)
 
 
 def launch(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int = 0) -> None:

@@ -19,7 +19,7 @@ def quantize_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (K % 128 == 0) -> q fp8 [M, K], scale fp32 [K/128, pad4(M)] (K-major; dequant = q * scale)."""
     M, K = x.shape
     xf = x.float().view(M, K // BLOCK, BLOCK)
-    scale = xf.abs().amax(-1).clamp(min=1e-4) / FP8_MAX  # [M, KB]
+    scale = xf.abs().amax(-1).clamp(min=1e-4) * (1.0 / FP8_MAX)  # [M, KB]; a product, the same on CPU and GPU
     # Multiply by the float32 reciprocal, as the kernel does, so both round to the same FP8 values.
     q = (xf * (1.0 / scale)[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8).view(M, K)
     s = torch.zeros(K // BLOCK, pad4(M), dtype=torch.float32, device=x.device)

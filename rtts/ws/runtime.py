@@ -84,11 +84,15 @@ class Runtime:
         """Capture graphs, start the threads, and run one synthesis so the first client pays no warm-up."""
         self.scheduler.start()
         if self.config.warmup:
+            # One turn per latency mode, long enough for every chunk size: the first client meets no cold shape
+            # (codec chunk lengths, prefill lengths, lazy CUDA/cuDNN initialisation).
             t0 = time.perf_counter()
             handle = self.scheduler.open()
             try:
-                for _ in handle.speak("Warm up.", SamplingParams(seed=0, max_frames=8)):
-                    pass
+                for latency in ("low", "balanced", "normal"):
+                    for _ in handle.speak("Warm up the server.", SamplingParams(seed=0, max_frames=20),
+                                          latency=latency):
+                        pass
             finally:
                 handle.close()
             log.info("warm-up synthesis took %.2f s", time.perf_counter() - t0)
