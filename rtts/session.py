@@ -176,9 +176,13 @@ class Session:
         for seg in segments:
             if self._closed:
                 return
-            fresh = self._fresh or not self.req.condition_on_previous_chunks
+            first_on_reused = self._fresh
+            fresh = first_on_reused or not self.req.condition_on_previous_chunks
             self._fresh = False
-            outbox = self.handle.speak(seg, self.params, latency=self.req.latency, fresh=fresh)
+            # The first turn on a reused stream also restarts the codec from silence: otherwise the previous
+            # session's audio history shapes this session's waveform (same codes, different PCM than a new socket).
+            outbox = self.handle.speak(seg, self.params, latency=self.req.latency, fresh=fresh,
+                                       reset_audio=first_on_reused)
             self._turns.put_nowait((outbox, seg, _Timing(time.perf_counter())))
 
     # ------------------------------------------------------------------ audio out

@@ -1,0 +1,648 @@
+"""The live server end to end: a real uvicorn server on loopback (tiny golden checkpoint, CPU) and raw clients.
+
+Covers the wire protocol (PROTOCOL.md §1-§3, §10): formats and rates, flush, socket reuse, every kind of bad input
+(finish/error with a message, the socket stays usable, other sessions keep streaming), the concurrency limit, auth,
+the `cancel` extension, the timestamp endpoint, HTTP `/v1/tts`, health and metrics, greedy equality with
+`rtts synth`, graceful shutdown and pings during synthesis. The official SDK clients are in test_sdk.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx_ws
+import numpy as np
+import ormsgpack
+import pytest
+import soundfile as sf
+import websockets
+from liveserver import (
+    CANCEL,
+    FLUSH,
+    STOP,
+    LiveServer,
+    ShortLegacyRequest,
+    Streamer,
+    assert_usable,
+    expect_error,
+    free_port,
+    pack,
+    recv_event,
+    reference_wav,
+    session,
+    short_legacy_websocket,
+    start_msg,
+    text_msg,
+    until_finish,
+)
+from websockets.sync.client import ClientConnection
+
+from rtts.__main__ import main as rtts_main
+from rtts.ws.protocol import Limits
+from rtts.ws.runtime import ServerConfig
+
+MAX_TEXT = 2000
+MAX_SESSION_TEXT = 5000
+MAX_MESSAGE = 1 << 20
+MAX_REF_SECONDS = 3.0
+REF_TEXT = "The quick brown fox jumps over the lazy dog."
+LONG_TEXT = " ".join(f"Sentence number {i} keeps the model busy for a while." for i in range(12))
+
+
+def tiny_config(golden: Path, tmp: Path, **kw: Any) -> ServerConfig:
+    base: dict[str, Any] = dict(checkpoint=str(golden / "tiny-s2"), port=free_port(), max_running=4, max_ctx=2048,
+                                voices_dir=str(tmp))
+    return ServerConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def srv(golden: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """Open server (no API keys) with lowered limits, so every limit can be hit cheaply."""
+    s = LiveServer(tiny_config(
+        golden, tmp_path_factory.mktemp("voices"), max_reference_seconds=MAX_REF_SECONDS,
+        limits=Limits(max_text_chars=MAX_TEXT, max_session_text_chars=MAX_SESSION_TEXT, max_message_bytes=MAX_MESSAGE),
+    ))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def auth_srv(golden: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    s = LiveServer(tiny_config(golden, tmp_path_factory.mktemp("voices"), api_keys=("secret",)))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def ref_wav(golden: Path) -> bytes:
+    return reference_wav(golden)
+
+
+@pytest.fixture
+def ws(srv: LiveServer) -> Iterator[ClientConnection]:
+    with srv.connect() as c:
+        yield c
+    srv.wait_idle()
+
+
+def greedy(**kw: Any) -> dict[str, Any]:
+    return {"top_k": 1, "temperature": 0.7, "top_p": 0.7, "seed": 0, "max_new_tokens": 40, **kw}
+
+
+def s16(data: bytes) -> np.ndarray:
+    assert len(data) % 2 == 0
+    return np.frombuffer(data, dtype="<i2")
+
+
+# ------------------------------------------------------------------------------------------------ health, metrics
+
+
+def test_health_and_info(srv: LiveServer) -> None:
+    r = httpx.get(srv.http + "/v1/health")
+    assert r.status_code == 200
+    assert r.json()["status"] == "ok" and r.json()["free_slots"] == 4
+    info = httpx.get(srv.http + "/v1/info").json()
+    assert info["sample_rate"] == 44100 and info["max_running"] == 4
+
+
+def test_metrics(srv: LiveServer, ws: ClientConnection) -> None:
+    audio, fin = session(ws, ["Metrics please.", FLUSH], **greedy(max_new_tokens=8))
+    assert fin["reason"] == "stop" and audio
+    text = httpx.get(srv.http + "/metrics").text
+    for name in ("rtts_active_sessions", "rtts_open_connections", "rtts_free_slots", "rtts_ttfa_seconds_bucket",
+                 "rtts_frames_generated_total", "rtts_session_errors_total"):
+        assert name in text, name
+    count = next(line for line in text.splitlines() if line.startswith("rtts_ttfa_seconds_count"))
+    assert float(count.split()[-1]) >= 1
+    frames = next(line for line in text.splitlines() if line.startswith("rtts_frames_generated_total"))
+    assert float(frames.split()[-1]) >= 1
+
+
+# ------------------------------------------------------------------------------------------------- formats, rates
+
+
+def test_pcm_rate_is_honoured_exactly(ws: ClientConnection) -> None:
+    """The same greedy audio at several rates: sample counts scale with the requested rate (a resample, not a
+    relabel), and every audio message stays at or below 64 KiB."""
+    lengths = {}
+    for rate in (44100, 24000, 16000, 8000):
+        ws.send(start_msg(sample_rate=rate, **greedy(max_new_tokens=20)))
+        ws.send(text_msg("Rates are honoured."))
+        ws.send(STOP)
+        events, fin = until_finish(ws)
+        assert fin["reason"] == "stop"
+        assert all(len(ev["audio"]) <= 64 * 1024 for ev in events)
+        lengths[rate] = s16(b"".join(ev["audio"] for ev in events)).size
+    assert lengths[44100] > 0
+    for rate in (24000, 16000, 8000):
+        assert abs(lengths[rate] - lengths[44100] * rate / 44100) <= 2, lengths
+
+
+def test_mulaw_raw_client(srv: LiveServer) -> None:
+    """mulaw (telephony extension, not in the SDK's types) at 8 kHz: G.711 of the same greedy audio as pcm at 8 kHz."""
+    out = {}
+    for fmt in ("mulaw", "pcm"):
+        with srv.connect() as ws:
+            out[fmt], fin = session(ws, ["Telephony audio."], format=fmt, sample_rate=8000,
+                                    **greedy(max_new_tokens=20))
+            assert fin["reason"] == "stop" and out[fmt]
+    assert len(out["mulaw"]) == len(out["pcm"]) // 2
+    decoded, rate = sf.read(io.BytesIO(out["mulaw"]), format="RAW", subtype="ULAW", samplerate=8000, channels=1,
+                            dtype="int16")
+    assert rate == 8000 and decoded.size == len(out["mulaw"])
+    # G.711 keeps the sign and each magnitude within its segment's step (at most 1/16 of the magnitude, >= 8).
+    ref = s16(out["pcm"]).astype(np.int32)
+    err = np.abs(decoded.astype(np.int32) - ref)
+    assert (err <= np.maximum(8, np.abs(ref) // 16)).all(), err.max()
+    srv.wait_idle()
+
+
+# --------------------------------------------------------------------------------------------- flush, socket reuse
+
+
+def test_flush_mid_stream(ws: ClientConnection) -> None:
+    """`flush` makes the buffered text speak before `stop`; later text keeps going in the same session."""
+    ws.send(start_msg(**greedy(max_new_tokens=12)))
+    ws.send(text_msg("First part without an end"))
+    ws.send(FLUSH)
+    ev = recv_event(ws)
+    assert ev["event"] == "audio" and ev["audio"]  # before any stop was sent
+    ws.send(text_msg("Second part."))
+    ws.send(FLUSH)
+    ws.send(text_msg("Third part."))
+    ws.send(STOP)
+    events, fin = until_finish(ws)
+    assert fin == {"event": "finish", "reason": "stop"}
+    assert events
+
+
+def test_socket_reuse(ws: ClientConnection) -> None:
+    """start…stop → finish, then a new start on the same socket works — also immediately, many times in a row."""
+    a, fin = session(ws, ["First session."], **greedy(max_new_tokens=8))
+    assert fin["reason"] == "stop" and a
+    b, fin = session(ws, ["Second session."], format="wav", **greedy(max_new_tokens=8))
+    assert fin["reason"] == "stop" and b[:4] == b"RIFF"
+    for _ in range(10):  # each start is sent the moment the previous finish arrives
+        assert session(ws, [])[1] == {"event": "finish", "reason": "stop"}
+    c, fin = session(ws, ["Third session."], **greedy(max_new_tokens=8))
+    assert fin["reason"] == "stop" and c
+
+
+def test_reused_socket_session_equals_fresh_socket(srv: LiveServer) -> None:
+    """A session's audio does not depend on what the socket said before: the second session on a socket (which
+    reuses the stream and its prefilled voice) gives the same greedy PCM as the first."""
+    with srv.connect() as ws:
+        runs = [session(ws, ["The same sentence."], **greedy(max_new_tokens=20))[0] for _ in range(3)]
+    srv.wait_idle()
+    first = s16(runs[0]).astype(np.int32)
+    assert first.size
+    for later in runs[1:]:
+        assert s16(later).size == first.size
+        assert np.abs(s16(later).astype(np.int32) - first).max() <= 1
+
+
+def test_empty_session_and_unknown_events_ignored(ws: ClientConnection) -> None:
+    ws.send(start_msg())
+    ws.send(pack({"event": "log", "message": "from a newer client"}))
+    ws.send(STOP)
+    assert until_finish(ws) == ([], {"event": "finish", "reason": "stop"})
+
+
+# ---------------------------------------------------------------------------------------------------- bad inputs
+
+
+def _over_long_reference(golden: Path) -> bytes:
+    return reference_wav(golden, seconds=MAX_REF_SECONDS + 1)
+
+
+def _bad_cases(golden: Path) -> list[tuple[str, Callable[[ClientConnection], None], tuple[str, ...]]]:
+    """(name, what the client sends, words the finish/error message must contain)."""
+
+    def send(*msgs: bytes | str) -> Callable[[ClientConnection], None]:
+        def go(ws: ClientConnection) -> None:
+            for m in msgs:
+                ws.send(m)
+        return go
+
+    def start_with(**req: Any) -> Callable[[ClientConnection], None]:
+        return send(start_msg(**req))
+
+    long_ref = _over_long_reference(golden)
+    return [
+        ("malformed msgpack", send(b"\xc1\x00\xff\x12"), ("MessagePack",)),
+        ("JSON in a binary frame", send(b'{"event": "start", "request": {}}'), ("JSON",)),
+        ("JSON text frame", send('{"event": "start", "request": {}}'), ("text frame",)),
+        ("not a map", send(pack([1, 2, 3])), ("map",)),
+        ("no event key", send(pack({"text": "hi"})), ("event",)),
+        ("event not a string", send(pack({"event": 7})), ("event", "string")),
+        ("text before start", send(text_msg("Hello.")), ("text", "before", "start")),
+        ("flush before start", send(FLUSH), ("flush", "before", "start")),
+        ("stop before start", send(STOP), ("stop", "before", "start")),
+        ("start during a session", send(start_msg(), text_msg("Hi there"), start_msg()), ("start", "active")),
+        ("unknown format", start_with(format="flac"), ("format", "flac")),
+        ("pcm at 22050 Hz", start_with(format="pcm", sample_rate=22050), ("sample_rate", "22050", "pcm")),
+        ("opus at 44100 Hz", start_with(format="opus", sample_rate=44100), ("sample_rate", "44100", "opus")),
+        ("mp3 bitrate", start_with(format="mp3", mp3_bitrate=100), ("mp3_bitrate",)),
+        ("wrong type", start_with(temperature="hot"), ("temperature",)),
+        ("request not a map", send(pack({"event": "start", "request": [1]})), ("start.request", "map")),
+        ("start text over the limit", start_with(text="a" * (MAX_TEXT + 1)), ("start.request.text", "limit")),
+        ("text event over the limit", send(start_msg(), text_msg("b" * (MAX_TEXT + 1))), ("text", "limit")),
+        ("session text over the limit",
+         send(start_msg(), *[text_msg("word " * (MAX_TEXT // 5)) for _ in range(MAX_SESSION_TEXT // MAX_TEXT + 1)]),
+         ("session text", "limit")),
+        ("undecodable reference audio", start_with(references=[{"audio": b"this is not audio" * 8, "text": "x"}]),
+         ("reference audio", "decode")),
+        ("empty reference audio", start_with(references=[{"audio": b"", "text": "x"}]), ("audio", "empty")),
+        ("over-long reference audio", start_with(references=[{"audio": long_ref, "text": REF_TEXT}]),
+         ("reference audio", f"{MAX_REF_SECONDS + 1:.1f} s", "limit")),
+        ("unknown reference_id", start_with(reference_id="no-such-voice"), ("unknown reference_id", "no-such-voice")),
+        ("oversize message", send(text_msg("c" * (MAX_MESSAGE + 100))), ("bytes", "limit")),
+    ]
+
+
+def test_bad_inputs_finish_with_error(srv: LiveServer, golden: Path) -> None:
+    """Each bad input: finish/error with a message naming the problem, the same socket then runs a good session,
+    and a good session on another socket keeps streaming throughout."""
+    neighbour = Streamer(srv)
+    neighbour.start()
+    assert neighbour.first_audio.wait(30), "the neighbour session never streamed"
+    t0 = time.monotonic()
+    errors_before = _metric(srv, "rtts_session_errors_total")
+    cases = _bad_cases(golden)
+    with srv.connect() as ws:
+        for name, bad, words in cases:
+            bad(ws)
+            try:
+                expect_error(ws, *words)
+                assert_usable(ws)
+            except AssertionError as e:
+                raise AssertionError(f"{name}: {e}") from e
+    t1 = time.monotonic()
+    fin = neighbour.halt()
+    assert fin == {"event": "finish", "reason": "stop"}, fin
+    during = neighbour.audio_between(t0, t1)
+    assert len(during) >= 3, f"the neighbour got {len(during)} audio events in {t1 - t0:.1f} s"
+    gaps = np.diff([t0, *during, t1])
+    assert gaps.max() < 5.0, f"the neighbour stalled for {gaps.max():.1f} s"
+    assert _metric(srv, "rtts_session_errors_total") - errors_before >= len(cases)
+    # Nothing leaked: no session counted as active, no connection open, every slot free.
+    deadline = time.monotonic() + 10
+    while _metric(srv, "rtts_active_sessions") or _metric(srv, "rtts_open_connections"):
+        assert time.monotonic() < deadline, httpx.get(srv.http + "/metrics").text
+        time.sleep(0.05)
+    srv.wait_idle()
+
+
+def _metric(srv: LiveServer, name: str) -> float:
+    text = httpx.get(srv.http + "/metrics").text
+    return float(next(line for line in text.splitlines() if line.startswith(name + " ")).split()[-1])
+
+
+def test_too_many_sessions(srv: LiveServer) -> None:
+    """max_running + 1 sessions at once: the extra one gets finish/error; the others stream; a freed slot is usable."""
+    srv.wait_idle()
+    conns = [srv.connect() for _ in range(5)]
+    try:
+        for c in conns[:4]:
+            c.send(start_msg(**greedy(max_new_tokens=8)))
+        deadline = time.monotonic() + 10
+        while srv.rt.scheduler.slots.free > 0:  # every session holds its slot before the extra one asks
+            assert time.monotonic() < deadline, "the sessions did not take their slots"
+            time.sleep(0.01)
+        for c in conns[:4]:
+            c.send(text_msg("Holding a slot."))
+            c.send(FLUSH)
+        conns[4].send(start_msg())
+        expect_error(conns[4], "too many concurrent sessions")
+        conns[4].send(text_msg("no session"))  # the refused socket has no session; it is still open and answers
+        expect_error(conns[4], "before", "start")
+        conns[0].send(STOP)
+        events, fin = until_finish(conns[0])
+        assert fin["reason"] == "stop"
+        conns[0].close()
+        deadline = time.monotonic() + 10
+        while srv.rt.scheduler.slots.free < 1:
+            assert time.monotonic() < deadline, "closing a socket did not free its slot"
+            time.sleep(0.02)
+        audio, fin = session(conns[4], ["Now there is room."], **greedy(max_new_tokens=8))
+        assert fin["reason"] == "stop" and audio
+        for c in conns[1:4]:
+            c.send(STOP)
+            assert until_finish(c)[1]["reason"] == "stop"
+    finally:
+        for c in conns:
+            c.close()
+    srv.wait_idle()
+
+
+# ------------------------------------------------------------------------------------------------ cancel extension
+
+
+def test_cancel_extension(ws: ClientConnection) -> None:
+    """`{"event": "cancel"}` after the first audio: finish/stop promptly, then the socket takes a new start."""
+    ws.send(start_msg(sample_rate=16000, max_new_tokens=200))
+    ws.send(text_msg(LONG_TEXT))
+    ws.send(FLUSH)
+    assert recv_event(ws)["event"] == "audio"
+    t = time.monotonic()
+    ws.send(CANCEL)
+    events, fin = until_finish(ws, timeout=10)
+    elapsed = time.monotonic() - t
+    assert fin == {"event": "finish", "reason": "stop"}
+    assert elapsed < 3.0, f"cancel took {elapsed:.2f} s"
+    # Far less audio than the 12 sentences would have made (at most what was already in flight).
+    assert sum(len(e["audio"]) for e in events) < 16000 * 2 * 4
+    audio, fin = session(ws, ["After the cancel."], **greedy(max_new_tokens=8))
+    assert fin["reason"] == "stop" and audio
+
+
+def _wait_generation_stopped(srv: LiveServer, timeout: float = 5.0) -> float:
+    """Until no stream holds a slot or sits in the decode batch; -> seconds waited."""
+    t = time.monotonic()
+    while srv.rt.scheduler.slots.free < srv.config.max_running or _metric(srv, "rtts_running_streams"):
+        assert time.monotonic() - t < timeout, httpx.get(srv.http + "/metrics").text
+        time.sleep(0.02)
+    return time.monotonic() - t
+
+
+def test_client_close_mid_generation_stops_work(srv: LiveServer) -> None:
+    """Interrupting by closing the socket (Pipecat, LiveKit): the generation stops and the slot is freed at once."""
+    srv.wait_idle()
+    with srv.connect() as ws:
+        ws.send(start_msg(sample_rate=8000, max_new_tokens=400))
+        ws.send(text_msg(LONG_TEXT))
+        ws.send(FLUSH)
+        assert recv_event(ws)["event"] == "audio"
+    assert _wait_generation_stopped(srv) < 3.0
+
+
+def test_http_client_disconnect_stops_work(srv: LiveServer) -> None:
+    srv.wait_idle()
+    req = {"text": LONG_TEXT, "format": "pcm", "sample_rate": 8000, "max_new_tokens": 400}
+    with httpx.Client(base_url=srv.http, timeout=30) as h:
+        with h.stream("POST", "/v1/tts", json=req) as r:
+            assert r.status_code == 200
+            assert next(r.iter_raw())
+    assert _wait_generation_stopped(srv) < 3.0
+
+
+# ------------------------------------------------------------------------------------------------------ timestamps
+
+
+def _check_timestamp_events(events: list[dict[str, Any]], rate: int) -> None:
+    assert events
+    seqs = [ev["chunk_seq"] for ev in events]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs) and seqs[0] == 0
+    offsets = [ev["chunk_audio_offset_sec"] for ev in events]
+    assert all(isinstance(o, float) and o >= 0 for o in offsets) and offsets == sorted(offsets)
+    for ev in events:
+        assert isinstance(ev["content"], str)
+        al = ev["alignment"]
+        assert isinstance(al["audio_duration"], float)
+        assert al["segments"], ev
+        for seg in al["segments"]:
+            assert isinstance(seg["text"], str) and seg["text"]
+            assert 0 <= seg["start"] <= seg["end"] <= al["audio_duration"] + 1e-9
+    total = sum(len(ev["audio"]) for ev in events) / 2 / rate
+    last = max((ev for ev in events if ev["audio"]), key=lambda ev: ev["chunk_seq"])
+    assert abs(last["alignment"]["audio_duration"] - total) < 0.01, (last["alignment"], total)
+
+
+def test_live_with_timestamp(srv: LiveServer) -> None:
+    with srv.connect("/v1/tts/live/with-timestamp") as ws:
+        ws.send(start_msg(**greedy(max_new_tokens=10)))
+        ws.send(text_msg("Hello there. "))
+        ws.send(FLUSH)
+        ws.send(text_msg("How are you today?"))
+        ws.send(STOP)
+        events, fin = until_finish(ws)
+        assert fin == {"event": "finish", "reason": "stop"}
+        _check_timestamp_events(events, 44100)
+        texts = [s["text"] for s in events[-1]["alignment"]["segments"]]
+        assert texts == ["Hello there.", "How are you today?"]
+        assert {ev["content"] for ev in events} <= {"Hello there.", "How are you today?", ""}
+        # After finish, a new start on the same socket (the timestamp docs promise it); seq restarts per session.
+        ws.send(start_msg(**greedy(max_new_tokens=6)))
+        ws.send(text_msg("Again."))
+        ws.send(STOP)
+        events, fin = until_finish(ws)
+        assert fin["reason"] == "stop"
+        _check_timestamp_events(events, 44100)
+
+
+def test_timestamps_extension_on_plain_endpoint(ws: ClientConnection) -> None:
+    ws.send(start_msg(timestamps=True, **greedy(max_new_tokens=6)))
+    ws.send(text_msg("Aligned."))
+    ws.send(STOP)
+    events, fin = until_finish(ws)
+    assert fin["reason"] == "stop"
+    _check_timestamp_events(events, 44100)
+
+
+# ------------------------------------------------------------------------------------------------------------ HTTP
+
+
+def test_http_tts_msgpack_and_json(srv: LiveServer, ref_wav: bytes) -> None:
+    req = {"text": "Hello over HTTP, in several chunks.", "format": "pcm", **greedy()}
+    with httpx.Client(base_url=srv.http, timeout=30) as h:
+        with h.stream("POST", "/v1/tts", content=ormsgpack.packb(req),
+                      headers={"content-type": "application/msgpack", "model": "s2-pro"}) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("audio/pcm")
+            assert r.headers.get("transfer-encoding") == "chunked"
+            chunks = [c for c in r.iter_raw() if c]
+        via_msgpack = b"".join(chunks)
+        assert len(chunks) > 1 and len(via_msgpack) % 2 == 0
+
+        r = h.post("/v1/tts", json=req)
+        assert r.status_code == 200 and r.content == via_msgpack  # greedy: the same audio both ways
+
+        # JSON carries reference audio as base64.
+        ref = {"audio": base64.b64encode(ref_wav).decode(), "text": REF_TEXT}
+        r = h.post("/v1/tts", json={**req, "format": "wav", "references": [ref]})
+        assert r.status_code == 200 and r.content[:4] == b"RIFF"
+        r = h.post("/v1/tts", content=ormsgpack.packb({**req, "format": "mp3",
+                                                        "references": [{"audio": ref_wav, "text": REF_TEXT}]}),
+                   headers={"content-type": "application/msgpack"})
+        assert r.status_code == 200
+        assert sf.info(io.BytesIO(r.content)).samplerate == 44100
+
+
+@pytest.mark.parametrize(
+    "content,ctype,status,words",
+    [
+        (b'{"text": "hi"}', "text/plain", 415, ("Content-Type",)),
+        (b'{"text": "hi"', "application/json", 400, ("JSON",)),
+        (b"\xc1\xc1", "application/msgpack", 400, ("MessagePack",)),
+        (json.dumps({"text": "hi", "format": "flac"}).encode(), "application/json", 400, ("format",)),
+        (json.dumps({"text": "hi", "format": "pcm", "sample_rate": 22050}).encode(), "application/json", 400,
+         ("sample_rate",)),
+        (json.dumps({"text": "  "}).encode(), "application/json", 400, ("text",)),
+        (json.dumps({"text": "hi", "reference_id": "nobody"}).encode(), "application/json", 400, ("nobody",)),
+        (json.dumps({"text": "hi", "references": [{"audio": "bm90IGF1ZGlv", "text": "x"}]}).encode(),
+         "application/json", 400, ("reference audio",)),
+        (json.dumps({"text": "x" * (MAX_SESSION_TEXT + 1)}).encode(), "application/json", 413, ("text", "limit")),
+        (b"0" * (MAX_MESSAGE + 1), "application/json", 413, ("bytes",)),
+    ],
+)
+def test_http_errors(srv: LiveServer, content: bytes, ctype: str, status: int, words: tuple[str, ...]) -> None:
+    r = httpx.post(srv.http + "/v1/tts", content=content, headers={"content-type": ctype}, timeout=30)
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["status"] == status and isinstance(body["message"], str)
+    for w in words:
+        assert w.lower() in body["message"].lower(), (w, body)
+
+
+def test_references_http_errors(srv: LiveServer) -> None:
+    with httpx.Client(base_url=srv.http, timeout=30) as h:
+        r = h.post("/v1/references/add", data={"id": "bad id!", "text": "x"}, files={"audio": ("a.wav", b"xx")})
+        assert r.status_code == 400 and "id" in r.json()["message"]
+        r = h.post("/v1/references/add", data={"id": "v", "text": "x"}, files={"audio": ("a.wav", b"not audio")})
+        assert r.status_code == 400 and "decode" in r.json()["message"]
+        r = h.post("/v1/references/add", content=b"\xc1", headers={"content-type": "application/msgpack"})
+        assert r.status_code == 400
+        r = h.request("DELETE", "/v1/references/delete")
+        assert r.status_code == 400 and "id" in r.json()["message"]
+
+
+# ------------------------------------------------------------------------------------------------------------ auth
+
+
+def test_auth(auth_srv: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fish_audio_sdk import WebSocketSession
+    from fishaudio import FishAudio, TTSConfig
+
+    short_legacy_websocket(monkeypatch)
+    # Wrong or missing key: the upgrade is refused with HTTP 401 (the SDK raises WebSocketUpgradeError).
+    for key in ("wrong", None):
+        with pytest.raises(websockets.exceptions.InvalidStatus) as exc:
+            auth_srv.connect(key=key)
+        assert exc.value.response.status_code == 401
+        assert json.loads(exc.value.response.body or b"{}")["status"] == 401
+    c = FishAudio(api_key="wrong", base_url=auth_srv.http)
+    with pytest.raises(httpx_ws.WebSocketUpgradeError) as up:
+        list(c.tts.stream_websocket(iter(["Hello."]), format="pcm"))
+    assert up.value.response.status_code == 401
+    with WebSocketSession("wrong", base_url=auth_srv.http) as legacy, pytest.raises(httpx_ws.WebSocketUpgradeError):
+        list(legacy.tts(ShortLegacyRequest(text="", format="pcm"), iter(["Hello."])))
+    for path in ("/v1/tts/live", "/v1/tts/live/with-timestamp"):
+        with pytest.raises(websockets.exceptions.InvalidStatus):
+            auth_srv.connect(path, key="nope")
+
+    # HTTP routes: 401 JSON.
+    with httpx.Client(base_url=auth_srv.http, timeout=30) as h:
+        for method, path in (("POST", "/v1/tts"), ("GET", "/v1/references/list"), ("POST", "/v1/references/add"),
+                             ("DELETE", "/v1/references/delete")):
+            for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "secret"}):
+                r = h.request(method, path, json={"text": "hi"}, headers=headers)
+                assert r.status_code == 401, (method, path, headers)
+                assert r.json()["status"] == 401 and r.json()["message"]
+        assert h.get("/v1/health").status_code == 200  # probes need no key
+
+    # The right key works everywhere.
+    good = FishAudio(api_key="secret", base_url=auth_srv.http)
+    short = TTSConfig(format="pcm", max_new_tokens=8)
+    pcm = b"".join(good.tts.stream_websocket(iter(["Authorized."]), config=short))
+    assert pcm and len(pcm) % 2 == 0
+    assert good.tts.convert(text="Authorized HTTP.", config=short)
+    with WebSocketSession("secret", base_url=auth_srv.http) as legacy:
+        assert b"".join(legacy.tts(ShortLegacyRequest(text="", format="pcm"), iter(["Legacy."])))
+    with auth_srv.connect(key="secret") as ws:
+        assert session(ws, ["Raw."], max_new_tokens=4)[1]["reason"] == "stop"
+    r = httpx.get(auth_srv.http + "/v1/references/list", headers={"authorization": "Bearer secret"})
+    assert r.status_code == 200 and r.json()["reference_ids"] == []
+
+
+# ------------------------------------------------------------------------------------------- greedy == rtts synth
+
+
+@pytest.mark.parametrize("voice", [False, True], ids=["no-voice", "reference-audio"])
+def test_greedy_live_equals_synth(srv: LiveServer, golden: Path, tmp_path: Path, ref_wav: bytes,
+                                  voice: bool) -> None:
+    """One short sentence, top_k 1: the live session's PCM equals `rtts synth --top-k 1` (±1 LSB)."""
+    text = "Hello there, this is a tiny test."
+    refs: dict[str, Any] = {"references": [{"audio": ref_wav, "text": REF_TEXT}]} if voice else {}
+    with srv.connect() as ws:
+        live, fin = session(ws, [text, FLUSH], sample_rate=44100, **greedy(), **refs)
+    assert fin == {"event": "finish", "reason": "stop"}
+    srv.wait_idle()
+
+    out = tmp_path / "out.wav"
+    argv = ["synth", text, "-o", str(out), "--checkpoint", str(golden / "tiny-s2"), "--top-k", "1",
+            "--temperature", "0.7", "--top-p", "0.7", "--seed", "0", "--max-frames", "40"]
+    if voice:
+        (tmp_path / "ref.wav").write_bytes(ref_wav)
+        argv += ["--reference-audio", str(tmp_path / "ref.wav"), "--reference-text", REF_TEXT]
+    rtts_main(argv)
+    offline, rate = sf.read(out, dtype="int16")
+    assert rate == 44100
+    got = s16(live)
+    assert got.size == offline.size, (got.size, offline.size)
+    assert got.size > 0
+    assert np.abs(got.astype(np.int32) - offline.astype(np.int32)).max() <= 1
+
+
+# --------------------------------------------------------------------------------------------------------- pings
+
+
+def test_pings_answered_during_synthesis(srv: LiveServer) -> None:
+    """A client pinging every 0.1 s gets every pong within 1 s while a long synthesis streams."""
+    with srv.connect(ping_interval=None) as ws:
+        ws.send(start_msg(sample_rate=8000, max_new_tokens=200))
+        ws.send(text_msg(LONG_TEXT))
+        ws.send(FLUSH)
+        assert recv_event(ws)["event"] == "audio"
+        pongs, audio, t_end = 0, 0, time.monotonic() + 2.0
+        while time.monotonic() < t_end:
+            waiter, sent = ws.ping(), time.monotonic()
+            # Keep reading audio meanwhile (a full receive queue would stall the socket), at least 0.1 s per ping.
+            while not waiter.is_set() or time.monotonic() - sent < 0.1:
+                assert waiter.is_set() or time.monotonic() - sent < 1.0, "no pong within 1 s during synthesis"
+                try:
+                    audio += recv_event(ws, 0.02)["event"] == "audio"
+                except TimeoutError:
+                    pass
+            pongs += 1
+        assert pongs >= 10 and audio >= 2, (pongs, audio)
+        ws.send(CANCEL)
+        assert until_finish(ws)[1]["reason"] == "stop"
+    srv.wait_idle()
+
+
+# ------------------------------------------------------------------------------------------------------ shutdown
+
+
+def test_graceful_shutdown(golden: Path, tmp_path: Path) -> None:
+    """Server stopping with a session streaming: the client gets finish/error + message, then a close; nothing hangs."""
+    s = LiveServer(tiny_config(golden, tmp_path))
+    stopped = False
+    try:
+        with s.connect() as ws, s.connect() as idle:
+            ws.send(start_msg(sample_rate=8000, max_new_tokens=200))
+            ws.send(text_msg(LONG_TEXT))
+            ws.send(FLUSH)
+            assert recv_event(ws)["event"] == "audio"
+            t = time.monotonic()
+            s.server.should_exit = True
+            events, fin = until_finish(ws, timeout=15)
+            assert fin["reason"] == "error" and "shutting down" in fin["message"], fin
+            with pytest.raises(websockets.exceptions.ConnectionClosed):
+                while True:
+                    recv_event(ws, 15)
+            with pytest.raises(websockets.exceptions.ConnectionClosed):  # a socket without a session just closes
+                recv_event(idle, 15)
+            s.thread.join(30)
+            stopped = not s.thread.is_alive()
+            assert stopped, "the server did not stop"
+            assert time.monotonic() - t < 15
+    finally:
+        if not stopped:
+            s.stop()
