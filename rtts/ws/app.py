@@ -43,7 +43,9 @@ def create_app(rt: Runtime) -> Starlette:
         await _live(ws, timestamps=True)
 
     async def _live(ws: WebSocket, timestamps: bool) -> None:
-        if not http.authorized(rt, ws.headers):
+        # Browsers cannot set headers on a WebSocket, so the demo page may pass the key as ?api_key=.
+        query_key = ws.query_params.get("api_key", "")
+        if not (http.authorized(rt, ws.headers) or (query_key and query_key in rt.config.api_keys)):
             # Refuse the upgrade with HTTP 401 (the SDK raises WebSocketUpgradeError).
             await ws.send_denial_response(JSONResponse(error_json(401, "invalid or missing API key"), 401))
             return
