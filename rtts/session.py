@@ -222,6 +222,10 @@ class Session:
             elif isinstance(item, TurnEnd):
                 if item.reason == FinishReason.ERROR:
                     raise SessionError(item.message or "synthesis failed")
+                if item.reason == FinishReason.CONTEXT:
+                    # Never end audio silently mid-sentence: a full context is an error the client must see.
+                    raise SessionError("the conversation filled this stream's context; start a new session or "
+                                       "send condition_on_previous_chunks: false")
                 # Audio of the turn may sit in the rechunker; it goes out with the next turn's audio or at finish,
                 # except at a flush boundary, where the client is waiting for it.
                 await self._emit(self.rechunker.flush(), content=text, timing=timing)

@@ -18,7 +18,7 @@ import torch
 from rtts.model.codec import Codec
 from rtts.pingpong.device import Device
 from rtts.pingpong.outbox import AudioChunk
-from rtts.pingpong.state import STOP, CodecFrames, CodecReset, Stream, Turn
+from rtts.pingpong.state import STOP, CodecFrames, CodecReset, Stream, Turn, drain
 from rtts.types import FinishReason
 
 log = logging.getLogger("rtts.codec")
@@ -68,12 +68,7 @@ class CodecWorker:
                     self._decode(ready)
 
     def _drain(self, block: bool) -> bool:
-        while True:
-            try:
-                msg = self.inbox.get(block=block)
-            except queue.Empty:
-                return True
-            block = False
+        for msg in drain(self.inbox, block):
             if msg is STOP:
                 for a in self.pending.values():
                     a.turn.finish(FinishReason.ERROR, "server shutting down", a.delivered)
@@ -96,6 +91,7 @@ class CodecWorker:
                 a.final, a.reason, a.message = True, msg.reason, msg.message
                 if msg.reason == FinishReason.CANCELLED:  # drop audio not yet decoded
                     a.buffered.clear()
+        return True
 
     def _target(self, a: _Audio) -> int:
         if a.delivered == 0:

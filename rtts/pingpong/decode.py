@@ -23,7 +23,7 @@ from rtts.engine.engine import Engine
 from rtts.engine.graphs import DecodeRunner
 from rtts.pingpong.device import Device
 from rtts.pingpong.slots import SlotAllocator
-from rtts.pingpong.state import STOP, Admit, CancelTurn, CodecFrames, Release, Stream, Turn
+from rtts.pingpong.state import STOP, Admit, CancelTurn, CodecFrames, Release, Stream, Turn, drain
 from rtts.types import FinishReason
 
 log = logging.getLogger("rtts.decode")
@@ -95,12 +95,7 @@ class DecodeWorker:
                 self._retire(run, FinishReason.ERROR, "server shutting down")
 
     def _drain(self, block: bool) -> bool:
-        while True:
-            try:
-                msg = self.inbox.get(block=block)
-            except queue.Empty:
-                return True
-            block = False
+        for msg in drain(self.inbox, block):
             if msg is STOP:
                 return False
             if isinstance(msg, Admit):
@@ -121,6 +116,7 @@ class DecodeWorker:
                     self.engine.cancel(msg.stream.slot)
                     self._retire(cur, FinishReason.CANCELLED, advance=False)
                 self.slots.release(msg.stream.slot, self.dev.record())
+        return True
 
     # ------------------------------------------------------------------ one step
 

@@ -17,7 +17,7 @@ from rtts.engine.engine import ContextFullError, Engine
 from rtts.model.errors import PromptError
 from rtts.model.prompt import PromptBuilder
 from rtts.pingpong.device import Device
-from rtts.pingpong.state import STOP, Admit, CodecFrames, CodecReset, PrefillJob, Release, Stream
+from rtts.pingpong.state import STOP, Admit, CodecFrames, CodecReset, PrefillJob, Release, Stream, drain
 from rtts.types import FinishReason
 
 log = logging.getLogger("rtts.prefill")
@@ -60,18 +60,13 @@ class PrefillWorker:
                     self._run(batch)
 
     def _drain(self, block: bool) -> bool:
-        while True:
-            try:
-                msg = self.inbox.get(block=block)
-            except queue.Empty:
-                return True
+        for msg in drain(self.inbox, block):
             if msg is STOP:
                 for job in self.pending:
                     if job.turn is not None:
                         job.turn.finish(FinishReason.ERROR, "server shutting down")
                 self.pending.clear()
                 return False
-            block = False
             if isinstance(msg, Release):
                 # Close: no more prompt work for this stream; then the decode thread frees the slot.
                 for job in [j for j in self.pending if j.stream is msg.stream]:
@@ -83,6 +78,7 @@ class PrefillWorker:
                 continue
             assert isinstance(msg, PrefillJob)
             self.pending.append(msg)
+        return True
 
     def _pick(self) -> list[PrefillJob]:
         firsts: dict[int, PrefillJob] = {}

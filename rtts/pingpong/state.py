@@ -16,9 +16,11 @@ guarded by `Stream.lock` (the turn queue and the busy flag), which the caller's 
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,3 +160,14 @@ class CodecReset:
 
 
 STOP = object()  # sentinel for every worker inbox
+
+
+def drain(inbox: queue.Queue[object], block: bool) -> Iterator[object]:
+    """The messages waiting in `inbox` now (waiting for a first one if `block`), oldest first."""
+    while True:
+        try:
+            msg = inbox.get(block=block)
+        except queue.Empty:
+            return
+        block = False
+        yield msg
