@@ -16,12 +16,11 @@ from pathlib import Path
 import torch
 
 from rtts.engine.engine import Engine
-from rtts.model.codec import CodecConfig, random_codec_state_dict
+from rtts.model.codec import random_codec_state_dict
 from rtts.model.loading import LoadedModel, load_model
 from rtts.model.prompt import PromptBuilder
 from rtts.model.quant import quantize_checkpoint
-from rtts.model.random_checkpoint import TINY_CODEC_JSON, to_release_key
-from rtts.model.random_tokenizer import write_s2_tokenizer
+from rtts.model.random_checkpoint import codec_config_for, parameter_shapes, to_release_key, write_tokenizer
 from rtts.model.safetensors_writer import write_safetensors
 from rtts.types import SamplingParams
 
@@ -47,16 +46,13 @@ def make_demo(out: str | Path, seed: int = 0, head_gain: float = 2.0, branch_gai
     hidden state is dominated by its (exact, bf16) input embedding plus a smaller FP8-computed correction, and the
     tied head is scaled by `head_gain`: decisions have clear margins while every FP8 GEMM still contributes."""
     from rtts.model.config import DualARConfig
-    from rtts.model.dual_ar import DualARTransformer
 
     src = Path(out) / "bf16"
     src.mkdir(parents=True, exist_ok=True)
     (src / "config.json").write_text(json.dumps(GATE_CONFIG, indent=2))
-    write_s2_tokenizer(src, num_base_tokens=411, vocab_size=512, num_semantic=64)
     config = DualARConfig.from_dict(GATE_CONFIG)
-    with torch.device("meta"):
-        m = DualARTransformer(config, 446, 509)
-    shapes = {k: tuple(v.shape) for k, v in m.state_dict().items()}
+    write_tokenizer(src, config)
+    shapes = parameter_shapes(config)
     gen = torch.Generator().manual_seed(seed)
     made = {}
     for name, shape in shapes.items():
@@ -75,8 +71,7 @@ def make_demo(out: str | Path, seed: int = 0, head_gain: float = 2.0, branch_gai
     made["audio_decoder.output.weight"] = made["audio_decoder.embeddings.weight"].clone()
     write_safetensors(src / "model.safetensors", [(k, tuple(v.shape), v.dtype) for k, v in made.items()],
                       lambda k: made[k])
-    (src / "codec_config.json").write_text(json.dumps(TINY_CODEC_JSON))
-    torch.save(random_codec_state_dict(CodecConfig.from_json(src / "codec_config.json"), seed=seed), src / "codec.pth")
+    torch.save(random_codec_state_dict(codec_config_for("tiny", src), seed=seed), src / "codec.pth")
     dst = quantize_checkpoint(src, Path(out) / "fp8", progress=False)
     return src, dst
 

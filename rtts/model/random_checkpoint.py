@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from rtts import env
 from rtts.model.codec import Codec, CodecConfig, codec_from_state_dict, random_codec_state_dict
 from rtts.model.config import S1_MINI_CONFIG_JSON, S2_PRO_CONFIG_JSON, DualARConfig
 from rtts.model.dual_ar import DualARTransformer
@@ -72,6 +73,9 @@ TINY_CODEC_JSON: dict[str, Any] = {
 }
 
 
+_PRESET_CONFIGS = {"s2-pro": S2_PRO_CONFIG_JSON, "s1-mini": S1_MINI_CONFIG_JSON, "tiny": TINY_CONFIG_JSON}
+
+
 def to_release_key(name: str, model_format: str) -> str:
     """Internal parameter name -> the name the release file uses (inverse of loading.remap_s2_key)."""
     if model_format != "s2":
@@ -83,23 +87,28 @@ def to_release_key(name: str, model_format: str) -> str:
     return "text_model.model." + name
 
 
+def random_tensor(name: str, shape: tuple[int, ...], gen: torch.Generator, std: float = 0.02) -> torch.Tensor:
+    """The init rule of every random preset, on the generator's device (float32)."""
+    if name.endswith("norm.weight"):
+        # Around 1 (not exactly 1) so a dropped norm weight changes the output.
+        return 1.0 + 0.05 * torch.randn(shape, generator=gen, device=gen.device)
+    if name.endswith(".bias"):
+        return torch.zeros(shape, device=gen.device)
+    return std * torch.randn(shape, generator=gen, device=gen.device)
+
+
 def _tensor_maker(config: DualARConfig, dtype: torch.dtype, seed: int, std: float) -> Callable[[str], torch.Tensor]:
     """Each tensor is drawn from its own generator (seed, name), so shards can be written in any order."""
 
     def make(name: str, shape: tuple[int, ...]) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-        if name.endswith("norm.weight"):
-            # Around 1 (not exactly 1) so a dropped norm weight changes the output.
-            return (1.0 + 0.05 * torch.randn(shape, generator=g)).to(dtype)
-        if name.endswith(".bias"):
-            return torch.zeros(shape, dtype=dtype)
-        return (torch.randn(shape, generator=g) * std).to(dtype)
+        return random_tensor(name, shape, g, std).to(dtype)
 
-    shapes = _shapes(config)
+    shapes = parameter_shapes(config)
     return lambda name: make(name, shapes[name])
 
 
-def _shapes(config: DualARConfig) -> dict[str, tuple[int, ...]]:
+def parameter_shapes(config: DualARConfig) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
         m = DualARTransformer(config, 0, 0)
     return {k: tuple(v.shape) for k, v in m.state_dict().items()}
@@ -108,7 +117,7 @@ def _shapes(config: DualARConfig) -> dict[str, tuple[int, ...]]:
 def _write_llm_safetensors(out: Path, config: DualARConfig, dtype: torch.dtype, seed: int,
                            progress: Callable[[int], None]) -> None:
     make = _tensor_maker(config, dtype, seed, std=0.02)
-    shapes = _shapes(config)
+    shapes = parameter_shapes(config)
     itemsize = torch.empty((), dtype=dtype).element_size()
     shards: list[list[str]] = [[]]
     size = 0
@@ -139,7 +148,7 @@ def _write_llm_pth(out: Path, config: DualARConfig, dtype: torch.dtype, seed: in
                    progress: Callable[[int], None]) -> None:
     make = _tensor_maker(config, dtype, seed, std=0.02)
     sd = {}
-    for name in _shapes(config):
+    for name in parameter_shapes(config):
         sd[name] = make(name)
         progress(sd[name].numel() * sd[name].element_size())
     torch.save(sd, out / "model.pth")
@@ -152,31 +161,16 @@ def make_random_checkpoint(
     dtype: torch.dtype | None = None,
     progress: bool = True,
 ) -> Path:
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
+    _check_preset(preset)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if preset == "s2-pro":
-        cfg_json, codec_cfg = S2_PRO_CONFIG_JSON, CodecConfig.release()
-        dtype = dtype or torch.bfloat16
-    elif preset == "s1-mini":
-        cfg_json, codec_cfg = S1_MINI_CONFIG_JSON, CodecConfig.release()
-        dtype = dtype or torch.bfloat16
-    else:
-        cfg_json = TINY_CONFIG_JSON
-        codec_cfg = None
-        dtype = dtype or torch.float32
+    cfg_json = _PRESET_CONFIGS[preset]
+    dtype = dtype or (torch.float32 if preset == "tiny" else torch.bfloat16)
     cfg_json = dict(cfg_json, dtype={torch.bfloat16: "bfloat16", torch.float32: "float32",
                                      torch.float16: "float16"}[dtype]) if "text_config" in cfg_json else cfg_json
     config = DualARConfig.from_dict(cfg_json)
     (out / "config.json").write_text(json.dumps(cfg_json, indent=2))
-
-    if config.format == "s2":
-        num_semantic = (config.semantic_end_token_id or 0) - (config.semantic_start_token_id or 0) + 1
-        base = (config.eos_token_id or 2) - 2  # <|endoftext|>, <|im_start|>, <|im_end|> follow the base vocab
-        write_s2_tokenizer(out, num_base_tokens=base, vocab_size=config.vocab_size, num_semantic=num_semantic)
-    else:
-        write_s1_tokenizer(out, num_ranks=151643, num_semantic=config.codebook_size)
+    write_tokenizer(out, config)
 
     bar = _bar(_llm_bytes(config, dtype), progress, f"writing {preset}")
     try:
@@ -187,16 +181,36 @@ def make_random_checkpoint(
     finally:
         bar(None)
 
-    if codec_cfg is None:
-        (out / "codec_config.json").write_text(json.dumps(TINY_CODEC_JSON, indent=2))
-        codec_cfg = CodecConfig.from_json(out / "codec_config.json")
-    torch.save(random_codec_state_dict(codec_cfg, seed=seed), out / "codec.pth")
+    torch.save(random_codec_state_dict(codec_config_for(preset, out), seed=seed), out / "codec.pth")
     return out
+
+
+def write_tokenizer(out: Path, config: DualARConfig) -> None:
+    """Tokenizer files with the release's special-token layout for this config's ids."""
+    if config.format == "s2":
+        num_semantic = (config.semantic_end_token_id or 0) - (config.semantic_start_token_id or 0) + 1
+        base = (config.eos_token_id or 2) - 2  # <|endoftext|>, <|im_start|>, <|im_end|> follow the base vocab
+        write_s2_tokenizer(out, num_base_tokens=base, vocab_size=config.vocab_size, num_semantic=num_semantic)
+    else:
+        write_s1_tokenizer(out, num_ranks=151643, num_semantic=config.codebook_size)
+
+
+def codec_config_for(preset: str, out: Path) -> CodecConfig:
+    """The release codec for the release presets; the tiny codec (its codec_config.json written to `out`) else."""
+    if preset != "tiny":
+        return CodecConfig.release()
+    (out / "codec_config.json").write_text(json.dumps(TINY_CODEC_JSON, indent=2))
+    return CodecConfig.from_json(out / "codec_config.json")
+
+
+def _check_preset(preset: str) -> None:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
 
 
 def _llm_bytes(config: DualARConfig, dtype: torch.dtype) -> int:
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return sum(math.prod(s) for s in _shapes(config).values()) * itemsize
+    return sum(math.prod(s) for s in parameter_shapes(config).values()) * itemsize
 
 
 def _bar(total: int, show: bool, desc: str) -> Callable[[int | None], None]:
@@ -210,7 +224,7 @@ def _bar(total: int, show: bool, desc: str) -> Callable[[int | None], None]:
 
 def default_checkpoint_dir() -> Path:
     """Where the embedded default (tiny, random) model lives; made on first use."""
-    root = Path(os.environ.get("RTTS_HOME", Path.home() / ".cache" / "rtts"))
+    root = Path(env.home() or Path.home() / ".cache" / "rtts")
     return root / "default-tiny-s2"
 
 
@@ -243,37 +257,22 @@ def random_model(
     weights; only the small tokenizer files are written, to `workdir` or a temporary folder). For benchmarks."""
     import tempfile
 
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r} (choose from {', '.join(PRESETS)})")
+    _check_preset(preset)
     out = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix=f"rtts-{preset}-"))
     out.mkdir(parents=True, exist_ok=True)
-    cfg_json = {"s2-pro": S2_PRO_CONFIG_JSON, "s1-mini": S1_MINI_CONFIG_JSON, "tiny": TINY_CONFIG_JSON}[preset]
+    cfg_json = _PRESET_CONFIGS[preset]
     config = DualARConfig.from_dict(cfg_json)
     (out / "config.json").write_text(json.dumps(cfg_json))
-    if config.format == "s2":
-        num_semantic = (config.semantic_end_token_id or 0) - (config.semantic_start_token_id or 0) + 1
-        write_s2_tokenizer(out, num_base_tokens=(config.eos_token_id or 2) - 2, vocab_size=config.vocab_size,
-                           num_semantic=num_semantic)
-    else:
-        write_s1_tokenizer(out, num_ranks=151643, num_semantic=config.codebook_size)
+    write_tokenizer(out, config)
     tokenizer = load_tokenizer(out, config.model_type)
     with torch.device("meta"):
         model = DualARTransformer(config, tokenizer.semantic_begin_id, tokenizer.semantic_end_id)
     gen = torch.Generator(device=device).manual_seed(seed)
     for name, p in list(model.named_parameters()):
         owner, leaf = name.rsplit(".", 1)
-        if name.endswith("norm.weight"):
-            t = 1.0 + 0.05 * torch.randn(p.shape, generator=gen, device=device)
-        elif leaf == "bias":
-            t = torch.zeros(p.shape, device=device)
-        else:
-            t = 0.02 * torch.randn(p.shape, generator=gen, device=device)
+        t = random_tensor(name, tuple(p.shape), gen)
         model.get_submodule(owner)._parameters[leaf] = torch.nn.Parameter(t.to(dtype), requires_grad=False)
     model.eval()
-    if preset == "tiny":
-        (out / "codec_config.json").write_text(json.dumps(TINY_CODEC_JSON))
-        codec_cfg = CodecConfig.from_json(out / "codec_config.json")
-    else:
-        codec_cfg = CodecConfig.release()
+    codec_cfg = codec_config_for(preset, out)
     codec = codec_from_state_dict(random_codec_state_dict(codec_cfg, seed=seed), codec_cfg, device, codec_dtype)
     return LoadedModel(config, model, tokenizer, out), codec
