@@ -79,20 +79,34 @@ class FP8FeedForward(nn.Module):
         return y.view(*lead, -1).to(x.dtype)
 
 
+def _fp8_targets(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, attribute, module) of every transformer MLP and attention projection stored in FP8."""
+    out = []
+    for name, mod in list(model.named_modules()):
+        for child_name, child in mod.named_children():
+            full = f"{name}.{child_name}" if name else child_name
+            mlp = isinstance(child, FeedForward) and re.search(r"layers\.\d+\.feed_forward$", full)
+            proj = isinstance(child, nn.Linear) and re.search(r"layers\.\d+\.attention\.(wqkv|wo)$", full)
+            if mlp or proj:
+                if isinstance(child, nn.Linear) and child.bias is not None:
+                    raise ValueError(f"{full}: FP8 linears have no bias")
+                out.append((mod, child_name, child))
+    return out
+
+
+def _fp8_module(child: nn.Module) -> nn.Module:
+    """The empty FP8 counterpart of a bf16 MLP or projection."""
+    if isinstance(child, FeedForward):
+        return FP8FeedForward(child.w1.in_features, child.w1.out_features)
+    assert isinstance(child, nn.Linear)
+    return FP8Linear(child.in_features, child.out_features)
+
+
 def convert_to_fp8(model: nn.Module) -> None:
     """Swap the quantizable linears of a (meta-device) model for FP8 modules, in place."""
-    for name, mod in list(model.named_modules()):
-        for child_name, child in list(mod.named_children()):
-            full = f"{name}.{child_name}" if name else child_name
-            if isinstance(child, FeedForward) and re.search(r"layers\.\d+\.feed_forward$", full):
-                dim, hidden = child.w1.in_features, child.w1.out_features
-                with torch.device("meta"):
-                    setattr(mod, child_name, FP8FeedForward(dim, hidden))
-            elif isinstance(child, nn.Linear) and re.search(r"layers\.\d+\.attention\.(wqkv|wo)$", full):
-                if child.bias is not None:
-                    raise ValueError(f"{full}: FP8 linears have no bias")
-                with torch.device("meta"):
-                    setattr(mod, child_name, FP8Linear(child.in_features, child.out_features))
+    for parent, attr, child in _fp8_targets(model):
+        with torch.device("meta"):
+            setattr(parent, attr, _fp8_module(child))
 
 
 def finish_fp8(model: nn.Module) -> None:
@@ -162,19 +176,17 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, progress: bool = True)
 
 def quantize_model_(model: nn.Module) -> None:
     """Quantize a loaded bf16/fp32 model's transformer linears in place (same result as `rtts quantize` + load)."""
-    for name, mod in list(model.named_modules()):
-        for child_name, child in list(mod.named_children()):
-            full = f"{name}.{child_name}" if name else child_name
-            if isinstance(child, FeedForward) and re.search(r"layers\.\d+\.feed_forward$", full):
-                ff = FP8FeedForward(child.w1.in_features, child.w1.out_features)
-                for src, dst in ((child.w1, ff.w1), (child.w3, ff.w3), (child.w2, ff.w2)):
-                    _fill(dst, src.weight.data)
-                ff.fuse()
-                setattr(mod, child_name, ff)
-            elif isinstance(child, nn.Linear) and re.search(r"layers\.\d+\.attention\.(wqkv|wo)$", full):
-                lin = FP8Linear(child.in_features, child.out_features)
-                _fill(lin, child.weight.data)
-                setattr(mod, child_name, lin)
+    for parent, attr, child in _fp8_targets(model):
+        fp8 = _fp8_module(child)
+        if isinstance(fp8, FP8FeedForward):
+            assert isinstance(child, FeedForward)
+            for src, dst in ((child.w1, fp8.w1), (child.w3, fp8.w3), (child.w2, fp8.w2)):
+                _fill(dst, src.weight.data)
+            fp8.fuse()
+        else:
+            assert isinstance(fp8, FP8Linear) and isinstance(child, nn.Linear)
+            _fill(fp8, child.weight.data)
+        setattr(parent, attr, fp8)
 
 
 def _fill(lin: FP8Linear, w: torch.Tensor) -> None:
