@@ -84,6 +84,12 @@ def voice_references(voice: Voice) -> list[Reference]:
     return [Reference(voice.text, torch.from_numpy(voice.codes))]
 
 
+def output_spec(req: TTSRequest) -> OutputSpec:
+    """The audio the request asks for, validated (AudioFormatError names an unsupported value)."""
+    return OutputSpec(format=req.format, sample_rate=req.sample_rate, mp3_bitrate=req.mp3_bitrate,
+                      opus_bitrate=req.opus_bitrate, speed=req.prosody.speed, volume_db=req.prosody.volume).validated()
+
+
 def sampling_params(req: TTSRequest, model_format: str) -> SamplingParams:
     top_k = req.top_k if req.top_k is not None else (30 if model_format == "s2" else 0)
     return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=top_k,
@@ -115,9 +121,7 @@ class Session:
         self.on_audio, self.on_finish = on_audio, on_finish
         self.params = sampling_params(request, model_format)
         self.params.validate()
-        spec = OutputSpec(format=request.format, sample_rate=request.sample_rate, mp3_bitrate=request.mp3_bitrate,
-                          opus_bitrate=request.opus_bitrate, speed=request.prosody.speed,
-                          volume_db=request.prosody.volume).validated()
+        spec = output_spec(request)
         self.spec = spec
         self.encoder = StreamEncoder(spec, input_rate)
         self.rechunker = Rechunker(message_bytes_target(spec))

@@ -18,9 +18,9 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from rtts.audio.encode import AudioFormatError, OutputSpec
+from rtts.audio.encode import AudioFormatError
 from rtts.pingpong import NoSlotError
-from rtts.session import Session, SessionError, SessionMetrics, resolve_references
+from rtts.session import Session, SessionError, output_spec, resolve_references
 from rtts.voices import VoiceError
 from rtts.ws.protocol import ProtocolError, decode_http_body, error_json
 from rtts.ws.runtime import Runtime
@@ -48,9 +48,7 @@ async def tts(request: Request) -> Response:
         return json_error(413, f"request body over {rt.config.limits.max_message_bytes} bytes")
     try:
         req = decode_http_body(body, request.headers.get("content-type", ""), rt.config.limits)
-        spec = OutputSpec(format=req.format, sample_rate=req.sample_rate, mp3_bitrate=req.mp3_bitrate,
-                          opus_bitrate=req.opus_bitrate, speed=req.prosody.speed,
-                          volume_db=req.prosody.volume).validated()
+        spec = output_spec(req)
         if not req.text.strip():
             raise ProtocolError("text is empty")
         refs = await resolve_references(req, rt.voices)
@@ -76,8 +74,7 @@ async def tts(request: Request) -> Response:
         await queue.put(None)
 
     session = Session(req, handle, on_audio, on_finish, rt.model_format, rt.sample_rate,
-                      metrics=SessionMetrics(rt.metrics.ttfa.observe, rt.metrics.chunk_gap.observe,
-                                             rt.metrics.frames.inc))
+                      metrics=rt.metrics.session())
     session.start()
     session.flush()
     stopper = asyncio.create_task(session.stop())

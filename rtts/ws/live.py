@@ -16,7 +16,7 @@ from typing import Any
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from rtts.pingpong import NoSlotError, StreamHandle
-from rtts.session import Session, SessionError, SessionMetrics, resolve_references, voice_key, voice_references
+from rtts.session import Session, SessionError, resolve_references, voice_key, voice_references
 from rtts.voices import VoiceError
 from rtts.ws.protocol import (
     CancelEvent,
@@ -164,8 +164,7 @@ class Connection:
                 req, self.handle, self._on_audio, self._on_finish, self.rt.model_format, self.rt.sample_rate,
                 alignment=alignment_fields if (self.timestamps or req.timestamps) else None,
                 fresh_first_turn=fresh,
-                metrics=SessionMetrics(self.rt.metrics.ttfa.observe, self.rt.metrics.chunk_gap.observe,
-                                       self.rt.metrics.frames.inc),
+                metrics=self.rt.metrics.session(),
             )
         except NoSlotError:
             await self.error(f"too many concurrent sessions (limit {self.rt.config.max_running}); retry later")

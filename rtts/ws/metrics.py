@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from rtts.session import SessionMetrics
+
 if TYPE_CHECKING:
     from rtts.ws.runtime import Runtime
 
@@ -36,6 +38,10 @@ class Metrics:
         self.decode_steps = Gauge("rtts_decode_steps", "Decode steps run since start", registry=r)
         self.decode_steps.set_function(lambda: sch.decode.stats.steps)
         self.errors = Counter("rtts_session_errors", "Sessions that ended with finish/error", registry=r)
+
+    def session(self) -> SessionMetrics:
+        """The callbacks a session reports its latencies and frames through."""
+        return SessionMetrics(self.ttfa.observe, self.chunk_gap.observe, self.frames.inc)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
