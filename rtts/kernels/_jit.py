@@ -84,10 +84,10 @@ def arch_option() -> str:
 
 
 @functools.cache
-def _module(name: str, name_expressions: tuple[str, ...], src_hash: str, options: tuple[str, ...]) -> Any:
+def _module(name: str, name_expressions: tuple[str, ...], text: str, options: tuple[str, ...]) -> Any:
     cp = _cupy()
     try:
-        mod = cp.RawModule(code=source(name), options=options, name_expressions=name_expressions or None)
+        mod = cp.RawModule(code=text, options=options, name_expressions=name_expressions or None)
         mod.compile()
     except cp.cuda.compiler.CompileException as e:
         raise KernelCompileError(f"cuda/{name}: NVRTC compile failed\n{e.get_message()}") from None
@@ -100,7 +100,7 @@ def module(name: str, name_expressions: tuple[str, ...] = ()) -> Any:
     nvrtc = ".".join(map(str, cp.cuda.nvrtc.getVersion()))
     src_hash = hashlib.sha256(f"{text}\0{nvrtc}".encode()).hexdigest()[:16]
     options = (arch_option(), "--std=c++17", f"-DRTTS_SRC_HASH=0x{src_hash}")
-    return _module(name, name_expressions, src_hash, options)
+    return _module(name, name_expressions, text, options)
 
 
 @functools.cache

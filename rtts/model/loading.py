@@ -9,6 +9,7 @@ the file and the tensor. Never a silent partial load.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -86,7 +87,7 @@ def _safetensors_entries(path: Path, remap: Callable[[str], str]) -> Iterator[_E
     for key in keys:
         sl = handle.get_slice(key)
         shape = tuple(sl.get_shape())
-        nbytes = _numel(shape) * _dtype_size(sl.get_dtype())
+        nbytes = math.prod(shape) * _dtype_size(sl.get_dtype())
 
         def load(key: str = key) -> torch.Tensor:
             try:
@@ -127,13 +128,6 @@ def iter_checkpoint(checkpoint_dir: Path, config: DualARConfig) -> Iterator[_Ent
             yield from _safetensors_entries(f, remap)
         else:
             yield from _pth_entries(f)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _dtype_size(name: str) -> int:

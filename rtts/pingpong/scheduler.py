@@ -74,12 +74,14 @@ class Scheduler:
         for s in list(self.streams.values()):
             for turn in s.drop_queued():
                 turn.finish(FinishReason.ERROR, "server shutting down")
+        # Prefill and decode first: their last messages (turn ends) must still reach the codec thread.
         self.prefill.inbox.put(STOP)
         self.decode.inbox.put(STOP)
         for t in self._threads[:2]:
             t.join(timeout)
         self.codec_worker.inbox.put(STOP)
-        self._threads[-1].join(timeout) if self._threads else None
+        for t in self._threads[2:]:
+            t.join(timeout)
         self._threads.clear()
 
     def __enter__(self) -> Scheduler:
