@@ -5,13 +5,21 @@
 //   lens   int64 [B]                      (keys to attend: positions 0..lens-1; read on the device, so one captured
 //                                          graph serves any lengths)
 // Grid (S, n_kv, B): CTA (s, h, b) handles keys [s*chunk, (s+1)*chunk) of KV head h for the G query heads that share
-// it, so each K/V byte is read once. 4 warps take 32-key tiles; in a tile each lane scores one key (its whole K row,
-// 256 B for HD=128) against the G queries, then the warp accumulates V with every lane owning HD/32 dimensions.
-// Online softmax in base 2; warps merge in shared memory; with S > 1 splits write partials (m, l, o) that
-// decode_attention_merge combines (split-KV keeps small batches from idling most SMs).
-#include "common.cuh"
+// it, so each K/V byte is read once. With S > 1 splits write partials (m, l, o) that decode_attention_merge combines
+// (split-KV keeps small batches from idling most SMs).
+//
+// Memory: 64-key tiles of K and V stream through a STAGES-deep cp.async pipeline (16-byte copies, zero fill past
+// the length), so each CTA keeps ~64 KB of loads in flight instead of waiting on one row at a time. Rows sit in
+// shared memory with their 16-byte chunks XOR-swizzled by row (chunk c of row r at c ^ (r % 8)): the score pass
+// reads one row per lane pair and the value pass one row per warp, both bank-conflict free.
+// Compute: warp w owns keys 16w..16w+15 of each tile. Scores: lane pair (l, l+16) splits one key's dimensions and
+// combines with one shuffle. Online softmax in base 2 per warp, then the warp accumulates P.V with every lane owning
+// HD/32 output dimensions; warps merge in shared memory at the end.
+#include "sm90.cuh"
 
 #define WARPS 4
+#define TILE 64
+#define STAGES 3
 #define LOG2E 1.4426950408889634f
 
 template <int HD, int G>
@@ -20,27 +28,49 @@ __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const
                                              const i64* __restrict__ lens, float* __restrict__ ws_o,
                                              float* __restrict__ ws_ml, bf16_t* __restrict__ out, int n_kv, int L,
                                              int chunk, float scale) {
-    constexpr int DPL = HD / 32;  // V dims per lane
-    __shared__ float qs[G][HD];
+    constexpr int CH = HD / 8;            // 16-byte chunks per row
+    constexpr int ROW = HD * 2;           // bytes per row
+    constexpr int DPL = HD / 32;          // output dims per lane
+    constexpr int QH = HD / 2 + 4;        // q half-row stride in floats (padding keeps the two halves' banks apart)
+    constexpr int TILE_BYTES = TILE * ROW;
+    extern __shared__ __align__(16) unsigned char smem[];  // [STAGES][K tile, V tile]; warp merge at the end
+    __shared__ __align__(16) float qs[G][2 * QH];
     __shared__ float wm[WARPS][G], wl[WARPS][G];
-    __shared__ float wo[WARPS][G][HD];
+
     const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z, S = gridDim.x;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int H = n_kv * G;
     const i64 len = lens[b];
     const int start = s * chunk;
     const int end = (int)min((i64)start + chunk, len);
+    const int ntiles = end > start ? (end - start + TILE - 1) / TILE : 0;
     const float qscale = scale * LOG2E;
-    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+    for (int i = tid; i < G * HD; i += blockDim.x) {
         const int gi = i / HD, d = i - gi * HD;
-        qs[gi][d] = bf16_to_float(q[((i64)b * H + h * G + gi) * HD + d]) * qscale;
+        qs[gi][(d / (HD / 2)) * QH + d % (HD / 2)] = bf16_to_float(q[((i64)b * H + h * G + gi) * HD + d]) * qscale;
     }
-    __syncthreads();
 
-    const i64 row_stride = (i64)L * n_kv * HD;  // one slot
-    const i64 key_stride = (i64)n_kv * HD;      // one position
-    const bf16_t* kbase = kc + slots[b] * row_stride + h * HD;
-    const bf16_t* vbase = vc + slots[b] * row_stride + h * HD;
+    const i64 key_stride = (i64)n_kv * HD;  // elements between positions
+    const bf16_t* kbase = kc + slots[b] * (i64)L * key_stride + h * HD;
+    const bf16_t* vbase = vc + slots[b] * (i64)L * key_stride + h * HD;
+    const unsigned sbase = smem_u32(smem);
+
+    auto load = [&](int t) {  // tile t into stage t % STAGES; always commits a group
+        if (t < ntiles) {
+            const unsigned st = sbase + (t % STAGES) * 2 * TILE_BYTES;
+#pragma unroll
+            for (int i = 0; i < 2 * TILE * CH / 128; ++i) {
+                const int idx = tid + 128 * i;
+                const int which = idx / (TILE * CH), rem = idx - which * TILE * CH;
+                const int r = rem / CH, c = rem - r * CH;
+                const int key = start + t * TILE + r;
+                const bool ok = key < end;
+                const bf16_t* src = (which ? vbase : kbase) + (i64)(ok ? key : start) * key_stride + c * 8;
+                cp_async16(st + which * TILE_BYTES + r * ROW + ((c ^ (r & 7)) << 4), src, ok);
+            }
+        }
+        cp_async_commit();
+    };
 
     float m[G], l[G], acc[G][DPL];
 #pragma unroll
@@ -51,52 +81,73 @@ __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const
         for (int d = 0; d < DPL; ++d) acc[gi][d] = 0.f;
     }
 
-    for (int tile = start + warp * 32; tile < end; tile += WARPS * 32) {
-        const int key = tile + lane;
-        const bool valid = key < end;
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; ++t) load(t);
+
+    const int half = lane >> 4, kr = warp * 16 + (lane & 15);  // score pass: this lane's key row and half
+    for (int t = 0; t < ntiles; ++t) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // tile t landed for all; every warp is done with tile t-1's stage
+        load(t + STAGES - 1);
+        const unsigned char* kt = smem + (t % STAGES) * 2 * TILE_BYTES;
+        const unsigned char* vt = kt + TILE_BYTES;
+
+        // Scores of key kr against the G queries (this lane: half of the dimensions).
         float sc[G];
 #pragma unroll
         for (int gi = 0; gi < G; ++gi) sc[gi] = 0.f;
-        if (valid) {
-            const uint4* kr = reinterpret_cast<const uint4*>(kbase + (i64)key * key_stride);
 #pragma unroll
-            for (int c = 0; c < HD / 8; ++c) {
-                const uint4 raw = __ldg(kr + c);
-                const unsigned wds[4] = {raw.x, raw.y, raw.z, raw.w};
+        for (int cc = 0; cc < CH / 2; ++cc) {
+            const int c = half * (CH / 2) + cc;
+            const uint4 raw = *reinterpret_cast<const uint4*>(kt + kr * ROW + ((c ^ (kr & 7)) << 4));
+            const unsigned wds[4] = {raw.x, raw.y, raw.z, raw.w};
+            float kv[8];
 #pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    const float kv = bf16_to_float((wds[j >> 1] >> (16 * (j & 1))) & 0xffff);
+            for (int j = 0; j < 8; ++j) kv[j] = bf16_to_float((wds[j >> 1] >> (16 * (j & 1))) & 0xffff);
 #pragma unroll
-                    for (int gi = 0; gi < G; ++gi) sc[gi] += qs[gi][c * 8 + j] * kv;
-                }
+            for (int gi = 0; gi < G; ++gi) {
+                const float4 q0 = *reinterpret_cast<const float4*>(&qs[gi][half * QH + cc * 8]);
+                const float4 q1 = *reinterpret_cast<const float4*>(&qs[gi][half * QH + cc * 8 + 4]);
+                sc[gi] += q0.x * kv[0] + q0.y * kv[1] + q0.z * kv[2] + q0.w * kv[3] + q1.x * kv[4] + q1.y * kv[5] +
+                          q1.z * kv[6] + q1.w * kv[7];
             }
         }
+        const bool valid = start + t * TILE + kr < end;
         float p[G];
 #pragma unroll
         for (int gi = 0; gi < G; ++gi) {
+            sc[gi] += __shfl_xor_sync(0xffffffffu, sc[gi], 16);
             const float tmax = warp_max(valid ? sc[gi] : -RTTS_INF);
             const float mn = fmaxf(m[gi], tmax);
+            if (mn == -RTTS_INF) {  // no valid key yet for this warp (a tile past this stream's length)
+                p[gi] = 0.f;
+                continue;
+            }
             const float corr = exp2f(m[gi] - mn);  // m = -inf at first: corr = 0, and l/acc are 0 anyway
             p[gi] = valid ? exp2f(sc[gi] - mn) : 0.f;
-            l[gi] = l[gi] * corr + warp_sum(p[gi]);
+            l[gi] = l[gi] * corr + warp_sum(half ? 0.f : p[gi]);
             m[gi] = mn;
 #pragma unroll
             for (int d = 0; d < DPL; ++d) acc[gi][d] *= corr;
         }
-        const int nk = min(32, end - tile);
-        for (int kk = 0; kk < nk; ++kk) {
-            const bf16_t* vr = vbase + (i64)(tile + kk) * key_stride + lane * DPL;
+
+        // P.V over the warp's 16 keys: lane owns dims lane*DPL .. +DPL.
+#pragma unroll
+        for (int kk = 0; kk < 16; ++kk) {
+            const int r = warp * 16 + kk;
             float v[DPL];
-            if (DPL == 4) {
-                const uint2 raw = __ldg(reinterpret_cast<const uint2*>(vr));
+            if constexpr (DPL == 4) {
+                const uint2 raw = *reinterpret_cast<const uint2*>(vt + r * ROW + (((lane >> 1) ^ (r & 7)) << 4) +
+                                                                  (lane & 1) * 8);
                 v[0] = bf16_to_float(raw.x & 0xffff);
                 v[1] = bf16_to_float(raw.x >> 16);
-                v[2 % DPL] = bf16_to_float(raw.y & 0xffff);
-                v[3 % DPL] = bf16_to_float(raw.y >> 16);
+                v[2] = bf16_to_float(raw.y & 0xffff);
+                v[3] = bf16_to_float(raw.y >> 16);
             } else {
-                const unsigned raw = __ldg(reinterpret_cast<const unsigned*>(vr));
+                const unsigned raw = *reinterpret_cast<const unsigned*>(vt + r * ROW + (((lane >> 2) ^ (r & 7)) << 4) +
+                                                                        (lane & 3) * 4);
                 v[0] = bf16_to_float(raw & 0xffff);
-                v[1 % DPL] = bf16_to_float(raw >> 16);
+                v[1] = bf16_to_float(raw >> 16);
             }
 #pragma unroll
             for (int gi = 0; gi < G; ++gi) {
@@ -107,7 +158,10 @@ __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const
         }
     }
 
-    // Merge the warps.
+    // Merge the warps, through the (now idle) pipeline memory.
+    cp_async_wait<0>();
+    __syncthreads();
+    float(*wo)[G][HD] = reinterpret_cast<float(*)[G][HD]>(smem);  // [WARPS][G][HD]
 #pragma unroll
     for (int gi = 0; gi < G; ++gi) {
         if (lane == 0) {
@@ -118,7 +172,7 @@ __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const
         for (int d = 0; d < DPL; ++d) wo[warp][gi][lane * DPL + d] = acc[gi][d];
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) {
+    for (int i = tid; i < G * HD; i += blockDim.x) {
         const int gi = i / HD, d = i - gi * HD;
         float mx = -RTTS_INF;
 #pragma unroll
@@ -127,6 +181,7 @@ __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const
         if (mx != -RTTS_INF) {
 #pragma unroll
             for (int w = 0; w < WARPS; ++w) {
+                if (wm[w][gi] == -RTTS_INF) continue;
                 const float f = exp2f(wm[w][gi] - mx);
                 lsum += wl[w][gi] * f;
                 o += wo[w][gi][d] * f;

@@ -14,6 +14,11 @@ def reference_kernels() -> bool:
     return _flag("RTTS_REFERENCE_KERNELS")
 
 
+def legacy_gemm() -> bool:
+    """RTTS_MMA_GEMM=1: run the FP8 GEMM through the mma.sync kernel even on Hopper (comparison, bisection)."""
+    return _flag("RTTS_MMA_GEMM")
+
+
 def kernel_cache_dir() -> str | None:
     """RTTS_KERNEL_CACHE_DIR: where compiled kernels are cached (CuPy's own cache otherwise)."""
     return os.environ.get("RTTS_KERNEL_CACHE_DIR") or None

@@ -119,6 +119,47 @@ def test_fp8_gemm_kernel(M: int, N: int, K: int) -> None:
     assert err < 1e-2, f"relative error {err}"
 
 
+def test_wgmma_plan_fits_the_gpu() -> None:
+    for M in (1, 8, 9, 33, 64, 100, 128):
+        for N, K in ((2560, 9728), (19456, 2560), (200, 384)):
+            nt, stages, grid, smem = kernels.wgmma_plan(M, N, K, sms=132)
+            assert nt >= M and nt % 8 == 0
+            assert smem <= 227 * 1024
+            assert 1 <= grid <= math.ceil(N / 64) * (K // 128)  # every CTA gets at least one unit
+
+
+@GPU
+@pytest.mark.parametrize("M,N,K", [(1, 2560, 9728), (17, 6144, 2560), (128, 200, 384)])
+def test_fp8_gemm_mma_sync_kernel(M: int, N: int, K: int) -> None:
+    """The portable mma.sync kernel (GPUs without wgmma) stays correct on Hopper too."""
+    x, w = _x(M, K, seed=M, device="cuda"), _x(N, K, scale=0.05, seed=N, device="cuda")
+    wq, sw = ref.quantize_weight(w)
+    xq, sx = ref.quantize_1x128(x)
+    y = kernels._fp8_gemm_mma(xq, sx, wq, sw).float()
+    r = ref.fp8_gemm(xq, sx, wq, sw).float()
+    assert (y - r).abs().max() / r.abs().max() < 1e-2
+
+
+@GPU
+@pytest.mark.parametrize("stages", [2, 3, 5])
+def test_fp8_gemm_stream_k_is_deterministic_and_resets(stages: int) -> None:
+    """Tiles shared by several CTAs are summed in a fixed order and their counters end at zero, so repeated calls
+    and graph replays give identical bits."""
+    if not kernels._use_wgmma(torch.device("cuda")):
+        pytest.skip("no wgmma on this GPU")
+    M, N, K = 5, 2560, 9728  # 40 tiles x 76 K blocks: most tiles are split across CTAs
+    x, w = _x(M, K, seed=7, device="cuda"), _x(N, K, scale=0.05, seed=8, device="cuda")
+    wq, sw = ref.quantize_weight(w)
+    xq, sx = ref.quantize_1x128(x)
+    first = kernels._fp8_gemm_wgmma(xq, sx, wq, sw, stages=stages)
+    for _ in range(3):
+        assert torch.equal(kernels._fp8_gemm_wgmma(xq, sx, wq, sw, stages=stages), first)
+    r = ref.fp8_gemm(xq, sx, wq, sw).float()
+    assert (first.float() - r).abs().max() / r.abs().max() < 1e-2
+    sk = kernels._streamk(torch.device("cuda"), kernels._sm_count(0))
+    assert int(sk.counters.abs().sum()) == 0
+
+
 @GPU
 @pytest.mark.parametrize("B,L", [(1, 1), (1, 700), (16, 2048), (64, 2048), (3, 130)])
 @pytest.mark.parametrize("n_kv,G,D", [(8, 4, 128), (8, 2, 64), (2, 1, 128)])

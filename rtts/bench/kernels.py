@@ -59,7 +59,7 @@ def copies_for(nbytes: int) -> int:
     return max(2, math.ceil(3 * L2_BYTES / nbytes))
 
 
-def bench_gemm(N: int, K: int, M: int) -> dict[str, float]:
+def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = ()) -> dict[str, float]:
     dev = "cuda"
     R = copies_for(N * K)
     ws = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.05 for _ in range(min(R, 8))]
@@ -80,8 +80,19 @@ def bench_gemm(N: int, K: int, M: int) -> dict[str, float]:
         wq, sw = qs[i % n]
         return kernels.fp8_linear(x, wq, sw)
 
+    def mma(i: int) -> torch.Tensor:  # the mma.sync kernel (GPUs without wgmma)
+        wq, sw = qs[i % n]
+        return kernels._fp8_gemm_mma(xq, sx, wq, sw)
+
     out["bf16_us"] = 1e6 * time_graph(_calls(bf16, reps))
     out["fp8_gemm_us"] = 1e6 * time_graph(_calls(gemm, reps))
+    out["mma_sync_us"] = 1e6 * time_graph(_calls(mma, reps))
+    for st in stages:
+        def staged(i: int, st: int = st) -> torch.Tensor:
+            wq, sw = qs[i % n]
+            return kernels._fp8_gemm_wgmma(xq, sx, wq, sw, stages=st)
+
+        out[f"wgmma_stages{st}_us"] = 1e6 * time_graph(_calls(staged, reps))
     out["fp8_linear_us"] = 1e6 * time_graph(_calls(linear, reps))
     # torch._scaled_mm with per-tensor scales (the stock FP8 path); FP8 MMA needs M padded to 16.
     Mp = max(16, (M + 15) // 16 * 16)
@@ -157,34 +168,44 @@ def bench_attention(B: int, L: int, n_kv: int = 8, G: int = 4, D: int = 128) -> 
             "speedup_vs_sdpa": sdpa / ours}
 
 
-def copy_bandwidth() -> float:
-    """Device-to-device copy, bytes read + written per second (the practical HBM ceiling)."""
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+def copy_bandwidth() -> dict[str, float]:
+    """Bytes read + written per second by a 1 GiB device copy, two ways: the memcpy node (copy engines inside a graph)
+    and an SM kernel (elementwise negate). The larger is the practical HBM ceiling the attention is held to."""
+    a = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda")
     b = torch.empty_like(a)
-    t = time_graph([lambda: b.copy_(a)], reps=10)
-    return 2 * a.numel() / t / 1e12
+    nbytes = 2 * a.numel() * a.element_size()
+    memcpy = nbytes / time_graph([lambda: b.copy_(a)], reps=10) / 1e12
+    kernel = nbytes / time_graph([lambda: torch.neg(a, out=b)], reps=10) / 1e12
+    return {"memcpy_TBps": memcpy, "kernel_TBps": kernel, "copy_TBps": max(memcpy, kernel)}
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m rtts.bench kernels")
     p.add_argument("--m", default="1,16,64,128")
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--stages", default="", help="also time the wgmma GEMM at these pipeline depths (e.g. 3,4,6,8)")
     args = p.parse_args(argv)
     kernels.warmup(torch.device("cuda"))
     ms = [int(x) for x in args.m.split(",")]
-    copy_tbps = copy_bandwidth()
+    stages = tuple(int(x) for x in args.stages.split(",") if x)
+    bw = copy_bandwidth()
+    copy_tbps = bw["copy_TBps"]
+    print(f"copy bandwidth: memcpy {bw['memcpy_TBps']:.2f} TB/s, kernel {bw['kernel_TBps']:.2f} TB/s", flush=True)
     rows = ["## FP8 GEMM (slow and fast transformer linears; N x K)", "",
-            "| layer | N x K | M | torch bf16 us | torch _scaled_mm us | rtts fp8 GEMM us | + act quant us "
-            "| TB/s (rtts) | TB/s (bf16) | speedup vs bf16 |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "rtts fp8 GEMM = the kernel fp8_gemm dispatches to (wgmma stream-K on sm_90a); mma.sync = the portable "
+            "kernel, for comparison.", "",
+            "| layer | N x K | M | torch bf16 us | torch _scaled_mm us | rtts fp8 GEMM us | mma.sync us "
+            "| + act quant us | TB/s (rtts) | TB/s (bf16) | speedup vs bf16 |", "|---" * 11 + "|"]
     gemm: list[dict[str, Any]] = []
     for name, N, K in S2_GEMMS:
         for M in ms:
-            r = bench_gemm(N, K, M)
+            r = bench_gemm(N, K, M, stages)
             gemm.append({"layer": name, "N": N, "K": K, "M": M, **r})
             rows.append(f"| {name} | {N}x{K} | {M} | {r['bf16_us']:.1f} | {r.get('scaled_mm_us', float('nan')):.1f} "
-                        f"| {r['fp8_gemm_us']:.1f} | {r['fp8_linear_us']:.1f} | {r['fp8_gemm_TBps']:.2f} "
-                        f"| {r['bf16_TBps']:.2f} | {r['speedup_vs_bf16']:.2f}x |")
-            print(rows[-1], flush=True)
+                        f"| {r['fp8_gemm_us']:.1f} | {r['mma_sync_us']:.1f} | {r['fp8_linear_us']:.1f} "
+                        f"| {r['fp8_gemm_TBps']:.2f} | {r['bf16_TBps']:.2f} | {r['speedup_vs_bf16']:.2f}x |")
+            print(rows[-1], " ".join(f"{k}={v:.1f}" for k, v in r.items() if k.startswith("wgmma_stages")),
+                  flush=True)
     rows += ["", "## MLP block (gate|up GEMM -> SwiGLU + quantize -> down), 2560 -> 9728 -> 2560", "",
              "| M | bf16 us | fp8 us | speedup |", "|---|---|---|---|"]
     mlp = []
@@ -194,7 +215,8 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(f"| {M} | {r['bf16_us']:.1f} | {r['fp8_us']:.1f} | {r['speedup_vs_bf16']:.2f}x |")
         print(rows[-1], flush=True)
     rows += ["", f"## Decode attention (8 KV heads x 4 query heads x 128; copy bandwidth {copy_tbps:.2f} TB/s "
-             "read+write)", "", "| batch | context | rtts us | SDPA us | rtts read TB/s | % of copy BW | speedup |",
+             f"read+write: SM copy kernel {bw['kernel_TBps']:.2f}, graph memcpy {bw['memcpy_TBps']:.2f})", "",
+             "| batch | context | rtts us | SDPA us | rtts read TB/s | % of copy BW | speedup |",
              "|---|---|---|---|---|---|---|"]
     attn = []
     for B in (1, 16, 64):
@@ -209,6 +231,6 @@ def main(argv: list[str] | None = None) -> None:
 
     env = environment()
     env["nvrtc"] = ".".join(map(str, _jit._cupy().cuda.nvrtc.getVersion()))
-    data = {"env": env, "copy_TBps": copy_tbps, "gemm": gemm, "mlp": mlp, "attention": attn}
+    data = {"env": env, **bw, "gemm": gemm, "mlp": mlp, "attention": attn}
     jp, mp = write_results(args.out, "kernels", data, "\n".join(rows))
     print(f"wrote {jp} and {mp}")

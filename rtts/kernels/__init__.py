@@ -7,11 +7,14 @@ when `_jit.available()` and the tensors live on the GPU, else the reference in `
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
 import numpy as np
 import torch
 
+from rtts import env
 from rtts.kernels import reference
 from rtts.kernels.reference import FP8, pad4
 
@@ -82,10 +85,76 @@ def swiglu_quantize(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 _NT = (1, 2, 4, 8, 16)
 _GEMM_INSTANCES = tuple(f"fp8_gemm<{nt},{w},{str(s).lower()}>" for nt in _NT for w in (4, 8) for s in (False, True))
 
+# wgmma kernel (sm_90a): token tile width NT -> pipeline stages. Sized so two or three CTAs share an SM with
+# ~50-100 KB of weights in flight per SM.
+WGMMA_STAGES = {8: 8, 16: 8, 32: 6, 64: 5, 128: 4}
+_WG_ROWS = 64
+
+
+def _wgmma_instance(nt: int, stages: int) -> str:
+    return f"fp8_gemm_wgmma<{nt},{stages}>"
+
+
+def _wgmma_instances() -> tuple[str, ...]:
+    return tuple(_wgmma_instance(nt, st) for nt, st in sorted(WGMMA_STAGES.items()))
+
+
+def wgmma_smem_bytes(nt: int, stages: int) -> int:
+    """Dynamic shared memory of one CTA: the staged weight and token tiles, their scales, 1 KB alignment slack."""
+    return stages * (_WG_ROWS * 128 + nt * 128) + stages * (nt + 1) * 4 + 1024
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+def _use_wgmma(device: torch.device) -> bool:
+    from rtts.kernels import _jit
+
+    return not env.legacy_gemm() and _jit.arch_option() == "-arch=sm_90a"
+
+
+def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) -> tuple[int, int, int, int]:
+    """(NT, stages, grid, smem bytes) for the stream-K wgmma GEMM: the smallest token tile holding M, and a
+    persistent grid of as many CTAs as fit on the SMs (never more than there are work units)."""
+    nt = next(n for n in WGMMA_STAGES if n >= M)
+    st = stages or WGMMA_STAGES[nt]
+    smem = wgmma_smem_bytes(nt, st)
+    per_sm = max(1, min(4, (227 * 1024) // (smem + 1024)))
+    units = math.ceil(N / _WG_ROWS) * (K // 128)
+    return nt, st, min(units, sms * per_sm), smem
+
+
+@dataclasses.dataclass
+class _StreamK:
+    """Split-tile scratch of one stream: FP32 partials (two tile slots per CTA) and per-tile arrival counters that
+    the kernel resets itself. Kept per stream because kernels on one stream run in order, while the prefill and
+    decode threads run GEMMs concurrently on their own streams. Allocated once, never resized, so pointers baked
+    into captured CUDA graphs stay valid."""
+
+    partials: torch.Tensor
+    counters: torch.Tensor
+
+
+_STREAMK: dict[tuple[int, int], _StreamK] = {}
+_STREAMK_TILES = 1 << 16  # counters: N up to 4M rows
+
+
+def _streamk(device: torch.device, sms: int) -> _StreamK:
+    key = (device.index or 0, torch.cuda.current_stream(device).cuda_stream)
+    sk = _STREAMK.get(key)
+    if sk is None:
+        slots = max(2 * wgmma_plan(nt, 1 << 30, 1 << 30, sms)[2] * _WG_ROWS * nt for nt in WGMMA_STAGES)
+        sk = _StreamK(torch.empty(slots, dtype=torch.float32, device=device),
+                      torch.zeros(_STREAMK_TILES, dtype=torch.int32, device=device))
+        _STREAMK[key] = sk
+    return sk
+
 
 def gemm_plan(M: int, N: int, K: int) -> tuple[int, int, int, int]:
-    """(NT, warps, splits, K blocks per split): enough CTAs to fill the GPU, split-K only while the FP32 partials
-    stay small next to the weight bytes."""
+    """mma.sync kernel (GPUs without wgmma): (NT, warps, splits, K blocks per split): enough CTAs to fill the GPU,
+    split-K only while the FP32 partials stay small next to the weight bytes."""
     nt = next(n for n in _NT if n * 8 >= M)
     warps = 8 if N >= 4096 else 4
     ctas = math.ceil(N / (warps * 16))
@@ -113,8 +182,36 @@ def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Ten
     if M > 128:  # decode shapes: larger batches run in 128-token slices
         return torch.cat([fp8_gemm(xq[i:i + 128].contiguous(), _slice_scales(sx, i, min(M, i + 128)), wq, sw)
                           for i in range(0, M, 128)])
+    if _use_wgmma(xq.device):
+        return _fp8_gemm_wgmma(xq, sx, wq, sw)
+    return _fp8_gemm_mma(xq, sx, wq, sw)
+
+
+def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor,
+                    stages: int | None = None) -> torch.Tensor:
     from rtts.kernels import _jit
 
+    M, K = xq.shape
+    N = wq.shape[0]
+    _check(math.ceil(N / _WG_ROWS) <= _STREAMK_TILES, f"fp8_gemm: N={N} is too large")
+    sms = _sm_count(xq.device.index or 0)
+    nt, st, grid, smem = wgmma_plan(M, N, K, sms, stages)
+    sk = _streamk(xq.device, sms)
+    y = torch.empty(M, N, dtype=torch.bfloat16, device=xq.device)
+    insts = _wgmma_instances() if stages is None else (_wgmma_instance(nt, st),)
+    fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(nt, st), insts)
+    _jit.set_dynamic_smem(fn, smem)
+    _jit.launch(fn, (grid,), (128,), (xq.data_ptr(), sx.data_ptr(), wq.data_ptr(), sw.data_ptr(), y.data_ptr(),
+                                      sk.partials.data_ptr(), sk.counters.data_ptr(), _i32(M), _i32(N), _i32(K),
+                                      _i32(pad4(M))), shared_mem=smem)
+    return y
+
+
+def _fp8_gemm_mma(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
+    from rtts.kernels import _jit
+
+    M, K = xq.shape
+    N = wq.shape[0]
     nt, warps, splits, per = gemm_plan(M, N, K)
     grid = (math.ceil(N / (warps * 16)), splits)
     y = torch.empty(M, N, dtype=torch.bfloat16, device=xq.device)
@@ -154,6 +251,14 @@ def attention_splits(B: int, n_kv: int, L: int) -> tuple[int, int]:
     chunk = max(64, math.ceil(L / want))
     chunk = (chunk + 127) // 128 * 128
     return math.ceil(L / chunk), chunk
+
+
+_ATT_TILE, _ATT_STAGES = 64, 3  # must match cuda/decode_attention.cu
+
+
+def attention_smem_bytes(D: int) -> int:
+    """Dynamic shared memory of one attention CTA: the K and V tiles of every pipeline stage."""
+    return _ATT_STAGES * 2 * _ATT_TILE * D * 2
 
 
 def decode_attention_fast(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -198,9 +303,12 @@ def decode_attention(
     else:
         ws_o = ws_ml = out  # unused
     fn = _jit.function("decode_attention.cu", f"decode_attention_{D}_{G}")
+    smem = attention_smem_bytes(D)
+    _jit.set_dynamic_smem(fn, smem)
     _jit.launch(fn, (S, n_kv, B), (128,), (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
                                            lens.data_ptr(), ws_o.data_ptr(), ws_ml.data_ptr(), out.data_ptr(),
-                                           _i32(n_kv), _i32(L), _i32(chunk), np.float32(1.0 / math.sqrt(D))))
+                                           _i32(n_kv), _i32(L), _i32(chunk), np.float32(1.0 / math.sqrt(D))),
+                shared_mem=smem)
     if S > 1:
         merge = _jit.function("decode_attention.cu", "decode_attention_merge")
         _jit.launch(merge, (n_kv, B), (G * D,), (ws_o.data_ptr(), ws_ml.data_ptr(), out.data_ptr(), _i32(n_kv),
@@ -244,11 +352,18 @@ def warmup(device: torch.device) -> None:
         return
     _jit.function("fp8_quant.cu", "quantize_1x128")
     _jit.function("fp8_quant.cu", "swiglu_quantize_1x128")
-    for inst in _GEMM_INSTANCES:
-        _jit.function("fp8_gemm.cu", inst, _GEMM_INSTANCES)
-    _jit.function("fp8_gemm.cu", "gemm_reduce_splits", _GEMM_INSTANCES)
+    if _use_wgmma(device):
+        for nt, st in WGMMA_STAGES.items():
+            fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(nt, st), _wgmma_instances())
+            _jit.set_dynamic_smem(fn, wgmma_smem_bytes(nt, st))
+        _streamk(device, _sm_count(device.index or 0))
+    else:
+        for inst in _GEMM_INSTANCES:
+            _jit.function("fp8_gemm.cu", inst, _GEMM_INSTANCES)
+        _jit.function("fp8_gemm.cu", "gemm_reduce_splits", _GEMM_INSTANCES)
     for d in (64, 128):
         for g in (1, 2, 4, 8):
-            _jit.function("decode_attention.cu", f"decode_attention_{d}_{g}")
+            _jit.set_dynamic_smem(_jit.function("decode_attention.cu", f"decode_attention_{d}_{g}"),
+                                  attention_smem_bytes(d))
     _jit.function("decode_attention.cu", "decode_attention_merge")
     _jit.function("token_window.cu", "token_window_shift")

@@ -109,6 +109,19 @@ def function(name: str, kernel: str, name_expressions: tuple[str, ...] = ()) -> 
     return mod.get_function(kernel)
 
 
+_SMEM_SET: dict[int, int] = {}
+
+
+def set_dynamic_smem(fn: Any, nbytes: int) -> None:
+    """Allow `nbytes` of dynamic shared memory (above the 48 KB default) for `fn`; once per function and size,
+    and before any graph capture (warmup() does it for every instance)."""
+    if _SMEM_SET.get(fn.ptr, 0) >= nbytes:
+        return
+    drv = _cupy().cuda.driver
+    drv.funcSetAttribute(fn.ptr, 8, nbytes)  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    _SMEM_SET[fn.ptr] = nbytes
+
+
 @functools.cache
 def _external_stream(ptr: int) -> Any:
     # NOTE: ExternalStream wraps the exact handle torch uses, including 0 (the legacy default stream). CuPy 14

@@ -1,0 +1,162 @@
+// Block-scaled FP8 GEMM for decode shapes on Hopper tensor cores (wgmma), y[M, N] = x[M, K] @ w[N, K]^T:
+//   x: float8 e4m3, 1x128 blocks, scales sx[K/128, Mp] (K-major, Mp = M rounded up to 4), M <= 128
+//   w: float8 e4m3, 128x128 blocks, scales sw[ceil(N/128), K/128] (row-major)
+//   y: bfloat16
+//
+// Swap-AB: 64 weight rows are the wgmma M side and the tokens (M padded to NT = 8..128) the N side, so one token
+// costs an 8-column sliver instead of a 64-row tile. A work unit is (64-row tile, 128-wide K block): 8 KB of weights,
+// NT x 128 bytes of tokens, four m64nNTk32 wgmmas into a fresh FP32 accumulator, then the FP32 promotion
+// total += acc * sw * sx (per 128-K block, so FP8 rounding never accumulates across blocks).
+//
+// Stream-K: the grid is persistent (a few CTAs per SM) and CTA c takes the contiguous unit range
+// [c*T/C, (c+1)*T/C) of the T = tiles * K/128 units in tile-major order, so every CTA streams the same number of
+// weight bytes whatever the shape (no wave quantization, no separate split-K launch for narrow N). A tile covered
+// by one CTA is written straight to y; a tile shared by several writes FP32 partials, and the last to arrive (a
+// per-tile counter) sums them in CTA order (deterministic) and resets the counter, so graph replays need no memset.
+//
+// Memory pipeline: STAGES units in flight through cp.async (16-byte copies, zero fill past N and M), placed in the
+// 128-byte-swizzled K-major layout the wgmma descriptors read. One warpgroup per CTA both copies and computes.
+#include "sm90.cuh"
+
+#define WG_ROWS 64  // weight rows per tile (the wgmma M)
+
+__device__ __forceinline__ i64 unit_begin(int c, i64 T, int C) { return (i64)c * T / C; }
+
+// The CTA whose unit range holds unit u: the largest c with floor(c*T/C) <= u.
+__device__ __forceinline__ int unit_owner(i64 u, i64 T, int C) { return (int)(((u + 1) * C + T - 1) / T) - 1; }
+
+// Partial-tile slot of CTA c for tile t: a CTA shares at most its first and its last tile.
+__device__ __forceinline__ i64 partial_slot(int c, int t, i64 T, int C, int KB) {
+    return 2 * (i64)c + (t == (int)(unit_begin(c, T, C) / KB) ? 0 : 1);
+}
+
+template <int NT>
+__device__ __forceinline__ void store_tile(const float (&v)[NT / 2], bf16_t* __restrict__ y, int tile, int M, int N) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < NT / 2; ++r) {
+        const int n = tile * WG_ROWS + 16 * warp + (lane >> 2) + 8 * ((r & 3) >> 1);
+        const int m = 8 * (r >> 2) + 2 * (lane & 3) + (r & 1);
+        if (n < N && m < M) y[(i64)m * N + n] = float_to_bf16(v[r]);
+    }
+}
+
+template <int NT, int STAGES>
+__global__ void __launch_bounds__(128) fp8_gemm_wgmma(const fp8_t* __restrict__ x, const float* __restrict__ sx,
+                                                      const fp8_t* __restrict__ w, const float* __restrict__ sw,
+                                                      bf16_t* __restrict__ y, float* __restrict__ ws,
+                                                      int* __restrict__ counters, int M, int N, int K, int Mp) {
+    constexpr int A_BYTES = WG_ROWS * 128, B_BYTES = NT * 128, STAGE_BYTES = A_BYTES + B_BYTES;
+    constexpr int R = NT / 2;  // accumulator registers per thread
+    extern __shared__ unsigned char smem_raw[];
+    // Swizzle atoms need 1024-byte alignment; the launch asks for 1 KB of slack.
+    const unsigned raw = smem_u32(smem_raw);
+    unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+    float* s_x = reinterpret_cast<float*>(smem + STAGES * STAGE_BYTES);  // [STAGES][NT] activation scales
+    float* s_w = s_x + STAGES * NT;                                      // [STAGES] weight scale
+    __shared__ int s_last;
+
+    const int tid = threadIdx.x;
+    const int KB = K >> 7, tiles = (N + WG_ROWS - 1) / WG_ROWS, C = gridDim.x, c = blockIdx.x;
+    const i64 T = (i64)tiles * KB;
+    const i64 u0 = unit_begin(c, T, C);
+    const int units = (int)(unit_begin(c + 1, T, C) - u0);
+    const unsigned base = smem_u32(smem);
+
+    // Unit u0 + j into buffer j % STAGES; always commits a group (possibly empty) so wait counts stay uniform.
+    auto load = [&](int j) {
+        if (j < units) {
+            const i64 u = u0 + j;
+            const int tile = (int)(u / KB), kb = (int)(u - (i64)tile * KB);
+            const int buf = j % STAGES;
+            const unsigned a = base + buf * STAGE_BYTES, b = a + A_BYTES;
+            const int ch = tid & 7;  // 16-byte chunk of the 128-byte row
+#pragma unroll
+            for (int i = 0; i < WG_ROWS / 16; ++i) {
+                const int r = (tid >> 3) + 16 * i, n = tile * WG_ROWS + r;
+                const bool ok = n < N;
+                cp_async16(a + r * 128 + ((ch ^ (r & 7)) << 4), w + (i64)(ok ? n : 0) * K + kb * 128 + ch * 16, ok);
+            }
+#pragma unroll
+            for (int i = 0; i < (NT * 8 + 127) / 128; ++i) {
+                const int idx = tid + 128 * i, r = idx >> 3;
+                if (r < NT) {
+                    const bool ok = r < M;
+                    cp_async16(b + r * 128 + ((ch ^ (r & 7)) << 4), x + (i64)(ok ? r : 0) * K + kb * 128 + ch * 16, ok);
+                }
+            }
+            if (tid < NT) cp_async4(smem_u32(s_x + buf * NT + tid), sx + (i64)kb * Mp + (tid < M ? tid : 0), tid < M);
+            if (tid == 0) cp_async4(smem_u32(s_w + buf), sw + (i64)(tile >> 1) * KB + kb, true);
+        }
+        cp_async_commit();
+    };
+
+    float total[R], acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) total[r] = acc[r] = 0.f;
+
+#pragma unroll
+    for (int j = 0; j < STAGES - 1; ++j) load(j);
+
+    int seg_kb0 = (int)(u0 % KB);  // first K block of the tile segment being accumulated
+    const int lane = tid & 31;
+    for (int j = 0; j < units; ++j) {
+        cp_async_wait<STAGES - 2>();
+        fence_proxy_async();
+        __syncthreads();          // unit j landed for every thread; unit j-1's buffer is no longer read by anyone
+        load(j + STAGES - 1);     // refill that buffer while this unit computes
+
+        const int buf = j % STAGES;
+        const unsigned a = base + buf * STAGE_BYTES, b = a + A_BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) wgmma_e4m3<NT>(acc, desc_sw128(a + 32 * k), desc_sw128(b + 32 * k), k);
+        wgmma_commit();
+        wgmma_wait_all();
+        fence_regs(acc);
+
+        const float swv = s_w[buf];
+        const float* sxb = s_x + buf * NT;
+#pragma unroll
+        for (int i = 0; i < NT / 8; ++i) {
+            const int col = 8 * i + 2 * (lane & 3);
+            const float s0 = swv * sxb[col], s1 = swv * sxb[col + 1];
+            total[4 * i + 0] += acc[4 * i + 0] * s0;
+            total[4 * i + 1] += acc[4 * i + 1] * s1;
+            total[4 * i + 2] += acc[4 * i + 2] * s0;
+            total[4 * i + 3] += acc[4 * i + 3] * s1;
+        }
+
+        const i64 u = u0 + j;
+        const int tile = (int)(u / KB), kb = (int)(u - (i64)tile * KB);
+        if (kb != KB - 1 && j != units - 1) continue;
+        // End of this CTA's segment of `tile`.
+        if (seg_kb0 == 0 && kb == KB - 1) {
+            store_tile<NT>(total, y, tile, M, N);
+        } else {
+            float* p = ws + partial_slot(c, tile, T, C, KB) * (WG_ROWS * NT);
+#pragma unroll
+            for (int r = 0; r < R; ++r) p[r * 128 + tid] = total[r];  // [register][thread]: coalesced
+            __threadfence();
+            __syncthreads();
+            const int c_lo = unit_owner((i64)tile * KB, T, C), c_hi = unit_owner((i64)tile * KB + KB - 1, T, C);
+            if (tid == 0) s_last = atomicAdd(&counters[tile], 1) == c_hi - c_lo;
+            __syncthreads();
+            if (s_last) {  // every other share is written: sum them in CTA order
+                __threadfence();
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[r] = 0.f;
+                for (int cc = c_lo; cc <= c_hi; ++cc) {
+                    const float* q = ws + partial_slot(cc, tile, T, C, KB) * (WG_ROWS * NT);
+#pragma unroll
+                    for (int r = 0; r < R; ++r) acc[r] += __ldcg(q + r * 128 + tid);
+                }
+                store_tile<NT>(acc, y, tile, M, N);
+                if (tid == 0) counters[tile] = 0;  // ready for the next launch (graph replays included)
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) total[r] = 0.f;
+        seg_kb0 = 0;
+    }
+}
