@@ -115,11 +115,10 @@ _SMEM_SET: dict[int, int] = {}
 def set_dynamic_smem(fn: Any, nbytes: int) -> None:
     """Allow `nbytes` of dynamic shared memory (above the 48 KB default) for `fn`; once per function and size,
     and before any graph capture (warmup() does it for every instance)."""
-    if _SMEM_SET.get(fn.ptr, 0) >= nbytes:
+    if _SMEM_SET.get(id(fn), 0) >= nbytes:
         return
-    drv = _cupy().cuda.driver
-    drv.funcSetAttribute(fn.ptr, 8, nbytes)  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    _SMEM_SET[fn.ptr] = nbytes
+    fn.max_dynamic_shared_size_bytes = nbytes  # cupy.RawKernel: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    _SMEM_SET[id(fn)] = nbytes
 
 
 @functools.cache
