@@ -89,6 +89,7 @@ _GEMM_INSTANCES = tuple(f"fp8_gemm<{nt},{w},{str(s).lower()}>" for nt in _NT for
 # ~50-100 KB of weights in flight per SM.
 WGMMA_STAGES = {8: 8, 16: 8, 32: 6, 64: 5, 128: 4}
 _WG_ROWS = 64
+_MAX_CTAS_PER_SM = 4
 
 
 def _wgmma_instance(nt: int, stages: int) -> str:
@@ -121,7 +122,7 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) -> t
     nt = next(n for n in WGMMA_STAGES if n >= M)
     st = stages or WGMMA_STAGES[nt]
     smem = wgmma_smem_bytes(nt, st)
-    per_sm = max(1, min(4, (227 * 1024) // (smem + 1024)))
+    per_sm = max(1, min(_MAX_CTAS_PER_SM, (227 * 1024) // (smem + 1024)))
     units = math.ceil(N / _WG_ROWS) * (K // 128)
     return nt, st, min(units, sms * per_sm), smem
 
@@ -145,8 +146,9 @@ def _streamk(device: torch.device, sms: int) -> _StreamK:
     key = (device.index or 0, torch.cuda.current_stream(device).cuda_stream)
     sk = _STREAMK.get(key)
     if sk is None:
-        slots = max(2 * wgmma_plan(nt, 1 << 30, 1 << 30, sms)[2] * _WG_ROWS * nt for nt in WGMMA_STAGES)
-        sk = _StreamK(torch.empty(slots, dtype=torch.float32, device=device),
+        # Two tile slots per CTA at the largest grid any plan can make (_MAX_CTAS_PER_SM per SM) and tile width.
+        floats = 2 * sms * _MAX_CTAS_PER_SM * _WG_ROWS * max(WGMMA_STAGES)
+        sk = _StreamK(torch.empty(floats, dtype=torch.float32, device=device),
                       torch.zeros(_STREAMK_TILES, dtype=torch.int32, device=device))
         _STREAMK[key] = sk
     return sk
@@ -197,6 +199,7 @@ def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: to
     sms = _sm_count(xq.device.index or 0)
     nt, st, grid, smem = wgmma_plan(M, N, K, sms, stages)
     sk = _streamk(xq.device, sms)
+    _check(2 * grid * _WG_ROWS * nt <= sk.partials.numel(), "fp8_gemm: stream-K scratch too small for this plan")
     y = torch.empty(M, N, dtype=torch.bfloat16, device=xq.device)
     insts = _wgmma_instances() if stages is None else (_wgmma_instance(nt, st),)
     fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(nt, st), insts)
