@@ -8,10 +8,12 @@
 // it, so each K/V byte is read once. With S > 1 splits write partials (m, l, o) that decode_attention_merge combines
 // (split-KV keeps small batches from idling most SMs).
 //
-// Memory: 64-key tiles of K and V stream through a STAGES-deep cp.async pipeline (16-byte copies, zero fill past
-// the length), so each CTA keeps ~64 KB of loads in flight instead of waiting on one row at a time. Rows sit in
-// shared memory with their 16-byte chunks XOR-swizzled by row (chunk c of row r at c ^ (r % 8)): the score pass
-// reads one row per lane pair and the value pass one row per warp, both bank-conflict free.
+// Memory: 64-key tiles of K and V (32 KB at head dim 128) stream through a double-buffered cp.async pipeline
+// (16-byte copies, zero fill past the length): one tile loads while the other computes, and three CTAs share an SM,
+// so ~100 KB per SM is in flight instead of one row per warp. The host picks the split count so the last wave of
+// CTAs is nearly full (see attention_splits). Rows sit in shared memory with their 16-byte chunks XOR-swizzled by
+// row (chunk c of row r at c ^ (r % 8)): the score pass reads one row per lane pair and the value pass one row per
+// warp, both bank-conflict free.
 // Compute: warp w owns keys 16w..16w+15 of each tile. Scores: lane pair (l, l+16) splits one key's dimensions and
 // combines with one shuffle. Online softmax in base 2 per warp, then the warp accumulates P.V with every lane owning
 // HD/32 output dimensions; warps merge in shared memory at the end.
@@ -19,7 +21,7 @@
 
 #define WARPS 4
 #define TILE 64
-#define STAGES 3
+#define STAGES 2
 #define LOG2E 1.4426950408889634f
 
 template <int HD, int G>

@@ -13,6 +13,8 @@
 // weight bytes whatever the shape (no wave quantization, no separate split-K launch for narrow N). A tile covered
 // by one CTA is written straight to y; a tile shared by several writes FP32 partials, and the last to arrive (a
 // per-tile counter) sums them in CTA order (deterministic) and resets the counter, so graph replays need no memset.
+// Partials are parked with plain stores and settled after the main loop, so the one fence a CTA needs never stalls
+// its load pipeline.
 //
 // Memory pipeline: STAGES units in flight through cp.async (16-byte copies, zero fill past N and M), placed in the
 // 128-byte-swizzled K-major layout the wgmma descriptors read. One warpgroup per CTA both copies and computes.
@@ -63,31 +65,39 @@ __global__ void __launch_bounds__(128) fp8_gemm_wgmma(const fp8_t* __restrict__ 
     const int units = (int)(unit_begin(c + 1, T, C) - u0);
     const unsigned base = smem_u32(smem);
 
-    // Unit u0 + j into buffer j % STAGES; always commits a group (possibly empty) so wait counts stay uniform.
-    auto load = [&](int j) {
-        if (j < units) {
-            const i64 u = u0 + j;
-            const int tile = (int)(u / KB), kb = (int)(u - (i64)tile * KB);
-            const int buf = j % STAGES;
+    // Load cursor: the next unit to fetch, as (tile, K block), stepped without divisions. Every call commits a
+    // cp.async group (empty past the range) so the wait counts stay uniform.
+    int ld_tile = (int)(u0 / KB), ld_kb = (int)(u0 - (i64)ld_tile * KB), loaded = 0;
+    auto load_next = [&]() {
+        if (loaded < units) {
+            const int buf = loaded % STAGES;
             const unsigned a = base + buf * STAGE_BYTES, b = a + A_BYTES;
             const int ch = tid & 7;  // 16-byte chunk of the 128-byte row
 #pragma unroll
             for (int i = 0; i < WG_ROWS / 16; ++i) {
-                const int r = (tid >> 3) + 16 * i, n = tile * WG_ROWS + r;
+                const int r = (tid >> 3) + 16 * i, n = ld_tile * WG_ROWS + r;
                 const bool ok = n < N;
-                cp_async16(a + r * 128 + ((ch ^ (r & 7)) << 4), w + (i64)(ok ? n : 0) * K + kb * 128 + ch * 16, ok);
+                cp_async16(a + r * 128 + ((ch ^ (r & 7)) << 4), w + (i64)(ok ? n : 0) * K + ld_kb * 128 + ch * 16,
+                           ok);
             }
 #pragma unroll
             for (int i = 0; i < (NT * 8 + 127) / 128; ++i) {
                 const int idx = tid + 128 * i, r = idx >> 3;
                 if (r < NT) {
                     const bool ok = r < M;
-                    cp_async16(b + r * 128 + ((ch ^ (r & 7)) << 4), x + (i64)(ok ? r : 0) * K + kb * 128 + ch * 16, ok);
+                    cp_async16(b + r * 128 + ((ch ^ (r & 7)) << 4), x + (i64)(ok ? r : 0) * K + ld_kb * 128 + ch * 16,
+                               ok);
                 }
             }
-            if (tid < NT) cp_async4(smem_u32(s_x + buf * NT + tid), sx + (i64)kb * Mp + (tid < M ? tid : 0), tid < M);
-            if (tid == 0) cp_async4(smem_u32(s_w + buf), sw + (i64)(tile >> 1) * KB + kb, true);
+            if (tid < NT)
+                cp_async4(smem_u32(s_x + buf * NT + tid), sx + (i64)ld_kb * Mp + (tid < M ? tid : 0), tid < M);
+            if (tid == 0) cp_async4(smem_u32(s_w + buf), sw + (i64)(ld_tile >> 1) * KB + ld_kb, true);
+            if (++ld_kb == KB) {
+                ld_kb = 0;
+                ++ld_tile;
+            }
         }
+        ++loaded;
         cp_async_commit();
     };
 
@@ -96,15 +106,17 @@ __global__ void __launch_bounds__(128) fp8_gemm_wgmma(const fp8_t* __restrict__ 
     for (int r = 0; r < R; ++r) total[r] = acc[r] = 0.f;
 
 #pragma unroll
-    for (int j = 0; j < STAGES - 1; ++j) load(j);
+    for (int j = 0; j < STAGES - 1; ++j) load_next();
 
-    int seg_kb0 = (int)(u0 % KB);  // first K block of the tile segment being accumulated
+    int tile = (int)(u0 / KB), kb = (int)(u0 - (i64)tile * KB);
+    bool whole = kb == 0;        // the segment being accumulated started at the tile's first K block
+    int shared_tiles[2], n_shared = 0;  // tiles this CTA only partly covers (its first and/or last)
     const int lane = tid & 31;
     for (int j = 0; j < units; ++j) {
         cp_async_wait<STAGES - 2>();
         fence_proxy_async();
-        __syncthreads();          // unit j landed for every thread; unit j-1's buffer is no longer read by anyone
-        load(j + STAGES - 1);     // refill that buffer while this unit computes
+        __syncthreads();  // unit j landed for every thread; unit j-1's buffer is no longer read by anyone
+        load_next();      // refill that buffer while this unit computes
 
         const int buf = j % STAGES;
         const unsigned a = base + buf * STAGE_BYTES, b = a + A_BYTES;
@@ -127,36 +139,53 @@ __global__ void __launch_bounds__(128) fp8_gemm_wgmma(const fp8_t* __restrict__ 
             total[4 * i + 3] += acc[4 * i + 3] * s1;
         }
 
-        const i64 u = u0 + j;
-        const int tile = (int)(u / KB), kb = (int)(u - (i64)tile * KB);
-        if (kb != KB - 1 && j != units - 1) continue;
-        // End of this CTA's segment of `tile`.
-        if (seg_kb0 == 0 && kb == KB - 1) {
-            store_tile<NT>(total, y, tile, M, N);
-        } else {
-            float* p = ws + partial_slot(c, tile, T, C, KB) * (WG_ROWS * NT);
+        if (kb == KB - 1 || j == units - 1) {  // end of this CTA's segment of `tile`
+            if (whole && kb == KB - 1) {
+                store_tile<NT>(total, y, tile, M, N);
+            } else {  // a shared tile: park the partial sum; tiles are settled once, after the loop
+                float* p = ws + partial_slot(c, tile, T, C, KB) * (WG_ROWS * NT);
 #pragma unroll
-            for (int r = 0; r < R; ++r) p[r * 128 + tid] = total[r];  // [register][thread]: coalesced
-            __threadfence();
-            __syncthreads();
-            const int c_lo = unit_owner((i64)tile * KB, T, C), c_hi = unit_owner((i64)tile * KB + KB - 1, T, C);
-            if (tid == 0) s_last = atomicAdd(&counters[tile], 1) == c_hi - c_lo;
-            __syncthreads();
-            if (s_last) {  // every other share is written: sum them in CTA order
-                __threadfence();
-#pragma unroll
-                for (int r = 0; r < R; ++r) acc[r] = 0.f;
-                for (int cc = c_lo; cc <= c_hi; ++cc) {
-                    const float* q = ws + partial_slot(cc, tile, T, C, KB) * (WG_ROWS * NT);
-#pragma unroll
-                    for (int r = 0; r < R; ++r) acc[r] += __ldcg(q + r * 128 + tid);
-                }
-                store_tile<NT>(acc, y, tile, M, N);
-                if (tid == 0) counters[tile] = 0;  // ready for the next launch (graph replays included)
+                for (int r = 0; r < R; ++r) p[r * 128 + tid] = total[r];  // [register][thread]: coalesced
+                shared_tiles[n_shared++] = tile;
             }
-        }
 #pragma unroll
-        for (int r = 0; r < R; ++r) total[r] = 0.f;
-        seg_kb0 = 0;
+            for (int r = 0; r < R; ++r) total[r] = 0.f;
+            whole = true;
+        }
+        if (++kb == KB) {
+            kb = 0;
+            ++tile;
+        }
+    }
+    if (n_shared == 0) return;  // uniform across the CTA
+
+    // Settle shared tiles: publish this CTA's partials (one fence, with the pipeline already drained), count
+    // arrivals per tile, and let the last arrival sum every share in CTA order and reset the counter.
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int last = 0;
+        for (int i = 0; i < n_shared; ++i) {
+            const int t = shared_tiles[i];
+            const int c_lo = unit_owner((i64)t * KB, T, C), c_hi = unit_owner((i64)t * KB + KB - 1, T, C);
+            if (atomicAdd(&counters[t], 1) == c_hi - c_lo) last |= 1 << i;
+        }
+        s_last = last;
+    }
+    __syncthreads();
+    for (int i = 0; i < n_shared; ++i) {
+        if (!(s_last >> i & 1)) continue;
+        __threadfence();
+        const int t = shared_tiles[i];
+        const int c_lo = unit_owner((i64)t * KB, T, C), c_hi = unit_owner((i64)t * KB + KB - 1, T, C);
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] = 0.f;
+        for (int cc = c_lo; cc <= c_hi; ++cc) {
+            const float* q = ws + partial_slot(cc, t, T, C, KB) * (WG_ROWS * NT);
+#pragma unroll
+            for (int r = 0; r < R; ++r) acc[r] += __ldcg(q + r * 128 + tid);
+        }
+        store_tile<NT>(acc, y, t, M, N);
+        if (tid == 0) counters[t] = 0;  // ready for the next launch (graph replays included)
     }
 }

@@ -51,8 +51,11 @@ def time_graph(fns: list[Callable[[], Any]], reps: int = 20) -> float:
     return statistics.median(times)
 
 
+MIN_CALLS = 32  # per captured graph: amortizes the graph's own launch latency, which the events would count
+
+
 def _calls(fn: Callable[[int], Any], n: int) -> list[Callable[[], Any]]:
-    return [functools.partial(fn, i) for i in range(n)]
+    return [functools.partial(fn, i) for i in range(max(n, MIN_CALLS))]
 
 
 def copies_for(nbytes: int) -> int:

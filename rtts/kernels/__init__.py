@@ -248,15 +248,26 @@ def fp8_linear(x: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor) -> torch.Ten
 # ---------------------------------------------------------------------------------------------------- attention
 
 
-def attention_splits(B: int, n_kv: int, L: int) -> tuple[int, int]:
-    """(splits, keys per split) for a cache of L positions: about two CTAs per SM, at least 64 keys per split."""
-    want = max(1, math.ceil(2 * _SMS / (B * n_kv)))
-    chunk = max(64, math.ceil(L / want))
-    chunk = (chunk + 127) // 128 * 128
-    return math.ceil(L / chunk), chunk
+_ATT_TILE, _ATT_STAGES = 64, 2  # must match cuda/decode_attention.cu
+_ATT_CTAS_PER_SM = 3  # 64 KB of K/V tiles each (head dim 128)
 
 
-_ATT_TILE, _ATT_STAGES = 64, 3  # must match cuda/decode_attention.cu
+def attention_splits(B: int, n_kv: int, L: int, sms: int = _SMS) -> tuple[int, int]:
+    """(splits, keys per split) for a cache of L positions. CTAs run in waves of `_ATT_CTAS_PER_SM` per SM, so a
+    split count that leaves the last wave nearly empty costs a whole wave: pick the split minimizing
+    waves x (64-key tiles per CTA + a fixed cost of about two tiles for the pipeline fill and the merge)."""
+    slots = sms * _ATT_CTAS_PER_SM
+    best: tuple[float, int, int] | None = None
+    for want in range(1, max(1, math.ceil(L / _ATT_TILE)) + 1):
+        chunk = math.ceil(math.ceil(L / want) / _ATT_TILE) * _ATT_TILE
+        S = math.ceil(L / chunk)
+        cost = math.ceil(B * n_kv * S / slots) * (chunk / _ATT_TILE + 2)
+        if best is None or cost < best[0]:
+            best = (cost, S, chunk)
+    assert best is not None
+    return best[1], best[2]
+
+
 
 
 def attention_smem_bytes(D: int) -> int:
