@@ -4,9 +4,10 @@
 //   y: bfloat16
 //
 // Swap-AB: 64 weight rows are the wgmma M side and the tokens (M padded to NT = 8..128) the N side, so one token
-// costs an 8-column sliver instead of a 64-row tile. A work unit is (64-row tile, 128-wide K block): 8 KB of weights,
-// NT x 128 bytes of tokens, four m64nNTk32 wgmmas into a fresh FP32 accumulator, then the FP32 promotion
-// total += acc * sw * sx (per 128-K block, so FP8 rounding never accumulates across blocks).
+// costs an 8-column sliver instead of a 64-row tile. A work unit is (64-row tile, KPU 128-wide K blocks): per K block
+// 8 KB of weights, NT x 128 bytes of tokens, four m64nNTk32 wgmmas into a fresh FP32 accumulator, then the FP32
+// promotion total += acc * sw * sx (per 128-K block, so FP8 rounding never accumulates across blocks). KPU = 2 halves
+// the per-unit synchronization (wait, barrier) that bounds a CTA's streaming rate at small M.
 //
 // Stream-K: the grid is persistent (a few CTAs per SM) and CTA c takes the contiguous unit range
 // [c*T/C, (c+1)*T/C) of the T = tiles * K/128 units in tile-major order, so every CTA streams the same number of
@@ -28,8 +29,8 @@ __device__ __forceinline__ i64 unit_begin(int c, i64 T, int C) { return (i64)c *
 __device__ __forceinline__ int unit_owner(i64 u, i64 T, int C) { return (int)(((u + 1) * C + T - 1) / T) - 1; }
 
 // Partial-tile slot of CTA c for tile t: a CTA shares at most its first and its last tile.
-__device__ __forceinline__ i64 partial_slot(int c, int t, i64 T, int C, int KB) {
-    return 2 * (i64)c + (t == (int)(unit_begin(c, T, C) / KB) ? 0 : 1);
+__device__ __forceinline__ i64 partial_slot(int c, int t, i64 T, int C, int KU) {
+    return 2 * (i64)c + (t == (int)(unit_begin(c, T, C) / KU) ? 0 : 1);
 }
 
 template <int NT>
@@ -43,57 +44,62 @@ __device__ __forceinline__ void store_tile(const float (&v)[NT / 2], bf16_t* __r
     }
 }
 
-template <int NT, int STAGES>
+template <int NT, int STAGES, int KPU>
 __global__ void __launch_bounds__(128) fp8_gemm_wgmma(const fp8_t* __restrict__ x, const float* __restrict__ sx,
                                                       const fp8_t* __restrict__ w, const float* __restrict__ sw,
                                                       bf16_t* __restrict__ y, float* __restrict__ ws,
                                                       int* __restrict__ counters, int M, int N, int K, int Mp) {
-    constexpr int A_BYTES = WG_ROWS * 128, B_BYTES = NT * 128, STAGE_BYTES = A_BYTES + B_BYTES;
+    constexpr int A_BYTES = WG_ROWS * 128, B_BYTES = NT * 128, BLOCK_BYTES = A_BYTES + B_BYTES;
+    constexpr int STAGE_BYTES = KPU * BLOCK_BYTES;
     constexpr int R = NT / 2;  // accumulator registers per thread
     extern __shared__ unsigned char smem_raw[];
     // Swizzle atoms need 1024-byte alignment; the launch asks for 1 KB of slack.
     const unsigned raw = smem_u32(smem_raw);
     unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
-    float* s_x = reinterpret_cast<float*>(smem + STAGES * STAGE_BYTES);  // [STAGES][NT] activation scales
-    float* s_w = s_x + STAGES * NT;                                      // [STAGES] weight scale
+    float* s_x = reinterpret_cast<float*>(smem + STAGES * STAGE_BYTES);  // [STAGES][KPU][NT] activation scales
+    float* s_w = s_x + STAGES * KPU * NT;                                // [STAGES][KPU] weight scales
     __shared__ int s_last;
 
     const int tid = threadIdx.x;
-    const int KB = K >> 7, tiles = (N + WG_ROWS - 1) / WG_ROWS, C = gridDim.x, c = blockIdx.x;
-    const i64 T = (i64)tiles * KB;
+    const int KB = K >> 7, KU = KB / KPU, tiles = (N + WG_ROWS - 1) / WG_ROWS, C = gridDim.x, c = blockIdx.x;
+    const i64 T = (i64)tiles * KU;
     const i64 u0 = unit_begin(c, T, C);
     const int units = (int)(unit_begin(c + 1, T, C) - u0);
     const unsigned base = smem_u32(smem);
 
-    // Load cursor: the next unit to fetch, as (tile, K block), stepped without divisions. Every call commits a
+    // Load cursor: the next unit to fetch, as (tile, unit in tile), stepped without divisions. Every call commits a
     // cp.async group (empty past the range) so the wait counts stay uniform.
-    int ld_tile = (int)(u0 / KB), ld_kb = (int)(u0 - (i64)ld_tile * KB), loaded = 0;
+    int ld_tile = (int)(u0 / KU), ld_ku = (int)(u0 - (i64)ld_tile * KU), loaded = 0;
     auto load_next = [&]() {
         if (loaded < units) {
             const int buf = loaded % STAGES;
-            const unsigned a = base + buf * STAGE_BYTES, b = a + A_BYTES;
             const int ch = tid & 7;  // 16-byte chunk of the 128-byte row
 #pragma unroll
-            for (int i = 0; i < WG_ROWS / 16; ++i) {
-                const int r = (tid >> 3) + 16 * i, n = ld_tile * WG_ROWS + r;
-                const bool ok = n < N;
-                cp_async16(a + r * 128 + ((ch ^ (r & 7)) << 4), w + (i64)(ok ? n : 0) * K + ld_kb * 128 + ch * 16,
-                           ok);
-            }
+            for (int sub = 0; sub < KPU; ++sub) {
+                const int kb = ld_ku * KPU + sub;
+                const unsigned a = base + buf * STAGE_BYTES + sub * BLOCK_BYTES, b = a + A_BYTES;
 #pragma unroll
-            for (int i = 0; i < (NT * 8 + 127) / 128; ++i) {
-                const int idx = tid + 128 * i, r = idx >> 3;
-                if (r < NT) {
-                    const bool ok = r < M;
-                    cp_async16(b + r * 128 + ((ch ^ (r & 7)) << 4), x + (i64)(ok ? r : 0) * K + ld_kb * 128 + ch * 16,
+                for (int i = 0; i < WG_ROWS / 16; ++i) {
+                    const int r = (tid >> 3) + 16 * i, n = ld_tile * WG_ROWS + r;
+                    const bool ok = n < N;
+                    cp_async16(a + r * 128 + ((ch ^ (r & 7)) << 4), w + (i64)(ok ? n : 0) * K + kb * 128 + ch * 16,
                                ok);
                 }
+#pragma unroll
+                for (int i = 0; i < (NT * 8 + 127) / 128; ++i) {
+                    const int idx = tid + 128 * i, r = idx >> 3;
+                    if (r < NT) {
+                        const bool ok = r < M;
+                        cp_async16(b + r * 128 + ((ch ^ (r & 7)) << 4), x + (i64)(ok ? r : 0) * K + kb * 128 + ch * 16,
+                                   ok);
+                    }
+                }
+                const int sb = buf * KPU + sub;
+                if (tid < NT) cp_async4(smem_u32(s_x + sb * NT + tid), sx + (i64)kb * Mp + (tid < M ? tid : 0), tid < M);
+                if (tid == 0) cp_async4(smem_u32(s_w + sb), sw + (i64)(ld_tile >> 1) * KB + kb, true);
             }
-            if (tid < NT)
-                cp_async4(smem_u32(s_x + buf * NT + tid), sx + (i64)ld_kb * Mp + (tid < M ? tid : 0), tid < M);
-            if (tid == 0) cp_async4(smem_u32(s_w + buf), sw + (i64)(ld_tile >> 1) * KB + ld_kb, true);
-            if (++ld_kb == KB) {
-                ld_kb = 0;
+            if (++ld_ku == KU) {
+                ld_ku = 0;
                 ++ld_tile;
             }
         }
@@ -108,8 +114,8 @@ __global__ void __launch_bounds__(128) fp8_gemm_wgmma(const fp8_t* __restrict__ 
 #pragma unroll
     for (int j = 0; j < STAGES - 1; ++j) load_next();
 
-    int tile = (int)(u0 / KB), kb = (int)(u0 - (i64)tile * KB);
-    bool whole = kb == 0;        // the segment being accumulated started at the tile's first K block
+    int tile = (int)(u0 / KU), ku = (int)(u0 - (i64)tile * KU);
+    bool whole = ku == 0;        // the segment being accumulated started at the tile's first K block
     int shared_tiles[2], n_shared = 0;  // tiles this CTA only partly covers (its first and/or last)
     const int lane = tid & 31;
     for (int j = 0; j < units; ++j) {
@@ -119,31 +125,35 @@ __global__ void __launch_bounds__(128) fp8_gemm_wgmma(const fp8_t* __restrict__ 
         load_next();      // refill that buffer while this unit computes
 
         const int buf = j % STAGES;
-        const unsigned a = base + buf * STAGE_BYTES, b = a + A_BYTES;
-        wgmma_fence();
 #pragma unroll
-        for (int k = 0; k < 4; ++k) wgmma_e4m3<NT>(acc, desc_sw128(a + 32 * k), desc_sw128(b + 32 * k), k);
-        wgmma_commit();
-        wgmma_wait_all();
-        fence_regs(acc);
+        for (int sub = 0; sub < KPU; ++sub) {  // one 128-wide K block at a time: MMA into acc, then promote
+            const unsigned a = base + buf * STAGE_BYTES + sub * BLOCK_BYTES, b = a + A_BYTES;
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < 4; ++k) wgmma_e4m3<NT>(acc, desc_sw128(a + 32 * k), desc_sw128(b + 32 * k), k);
+            wgmma_commit();
+            wgmma_wait_all();
+            fence_regs(acc);
 
-        const float swv = s_w[buf];
-        const float* sxb = s_x + buf * NT;
+            const int sb = buf * KPU + sub;
+            const float swv = s_w[sb];
+            const float* sxb = s_x + sb * NT;
 #pragma unroll
-        for (int i = 0; i < NT / 8; ++i) {
-            const int col = 8 * i + 2 * (lane & 3);
-            const float s0 = swv * sxb[col], s1 = swv * sxb[col + 1];
-            total[4 * i + 0] += acc[4 * i + 0] * s0;
-            total[4 * i + 1] += acc[4 * i + 1] * s1;
-            total[4 * i + 2] += acc[4 * i + 2] * s0;
-            total[4 * i + 3] += acc[4 * i + 3] * s1;
+            for (int i = 0; i < NT / 8; ++i) {
+                const int col = 8 * i + 2 * (lane & 3);
+                const float s0 = swv * sxb[col], s1 = swv * sxb[col + 1];
+                total[4 * i + 0] += acc[4 * i + 0] * s0;
+                total[4 * i + 1] += acc[4 * i + 1] * s1;
+                total[4 * i + 2] += acc[4 * i + 2] * s0;
+                total[4 * i + 3] += acc[4 * i + 3] * s1;
+            }
         }
 
-        if (kb == KB - 1 || j == units - 1) {  // end of this CTA's segment of `tile`
-            if (whole && kb == KB - 1) {
+        if (ku == KU - 1 || j == units - 1) {  // end of this CTA's segment of `tile`
+            if (whole && ku == KU - 1) {
                 store_tile<NT>(total, y, tile, M, N);
             } else {  // a shared tile: park the partial sum; tiles are settled once, after the loop
-                float* p = ws + partial_slot(c, tile, T, C, KB) * (WG_ROWS * NT);
+                float* p = ws + partial_slot(c, tile, T, C, KU) * (WG_ROWS * NT);
 #pragma unroll
                 for (int r = 0; r < R; ++r) p[r * 128 + tid] = total[r];  // [register][thread]: coalesced
                 shared_tiles[n_shared++] = tile;
@@ -152,8 +162,8 @@ __global__ void __launch_bounds__(128) fp8_gemm_wgmma(const fp8_t* __restrict__ 
             for (int r = 0; r < R; ++r) total[r] = 0.f;
             whole = true;
         }
-        if (++kb == KB) {
-            kb = 0;
+        if (++ku == KU) {
+            ku = 0;
             ++tile;
         }
     }
@@ -167,7 +177,7 @@ __global__ void __launch_bounds__(128) fp8_gemm_wgmma(const fp8_t* __restrict__ 
         int last = 0;
         for (int i = 0; i < n_shared; ++i) {
             const int t = shared_tiles[i];
-            const int c_lo = unit_owner((i64)t * KB, T, C), c_hi = unit_owner((i64)t * KB + KB - 1, T, C);
+            const int c_lo = unit_owner((i64)t * KU, T, C), c_hi = unit_owner((i64)t * KU + KU - 1, T, C);
             if (atomicAdd(&counters[t], 1) == c_hi - c_lo) last |= 1 << i;
         }
         s_last = last;
@@ -177,11 +187,11 @@ __global__ void __launch_bounds__(128) fp8_gemm_wgmma(const fp8_t* __restrict__ 
         if (!(s_last >> i & 1)) continue;
         __threadfence();
         const int t = shared_tiles[i];
-        const int c_lo = unit_owner((i64)t * KB, T, C), c_hi = unit_owner((i64)t * KB + KB - 1, T, C);
+        const int c_lo = unit_owner((i64)t * KU, T, C), c_hi = unit_owner((i64)t * KU + KU - 1, T, C);
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] = 0.f;
         for (int cc = c_lo; cc <= c_hi; ++cc) {
-            const float* q = ws + partial_slot(cc, t, T, C, KB) * (WG_ROWS * NT);
+            const float* q = ws + partial_slot(cc, t, T, C, KU) * (WG_ROWS * NT);
 #pragma unroll
             for (int r = 0; r < R; ++r) acc[r] += __ldcg(q + r * 128 + tid);
         }

@@ -122,10 +122,11 @@ def test_fp8_gemm_kernel(M: int, N: int, K: int) -> None:
 def test_wgmma_plan_fits_the_gpu() -> None:
     for M in (1, 8, 9, 33, 64, 100, 128):
         for N, K in ((2560, 9728), (19456, 2560), (200, 384)):
-            nt, stages, grid, smem = kernels.wgmma_plan(M, N, K, sms=132)
+            nt, stages, kpu, grid, smem = kernels.wgmma_plan(M, N, K, sms=132)
             assert nt >= M and nt % 8 == 0
+            assert (K // 128) % kpu == 0
             assert smem <= 227 * 1024
-            assert 1 <= grid <= math.ceil(N / 64) * (K // 128)  # every CTA gets at least one unit
+            assert 1 <= grid <= math.ceil(N / 64) * (K // 128) // kpu  # every CTA gets at least one unit
 
 
 @GPU

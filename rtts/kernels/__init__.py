@@ -85,24 +85,25 @@ def swiglu_quantize(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 _NT = (1, 2, 4, 8, 16)
 _GEMM_INSTANCES = tuple(f"fp8_gemm<{nt},{w},{str(s).lower()}>" for nt in _NT for w in (4, 8) for s in (False, True))
 
-# wgmma kernel (sm_90a): token tile width NT -> pipeline stages. Sized so two or three CTAs share an SM with
-# ~50-100 KB of weights in flight per SM.
-WGMMA_STAGES = {8: 8, 16: 8, 32: 6, 64: 5, 128: 4}
+# wgmma kernel (sm_90a): (token tile width NT, K blocks per unit KPU) -> pipeline stages. Sized so one or two CTAs
+# share an SM with ~100 KB of weights in flight per SM. KPU = 2 needs an even number of K blocks.
+WGMMA_STAGES = {(8, 2): 6, (16, 2): 6, (32, 2): 5, (64, 2): 3, (128, 2): 2,
+                (8, 1): 8, (16, 1): 8, (32, 1): 6, (64, 1): 5, (128, 1): 4}
 _WG_ROWS = 64
 _MAX_CTAS_PER_SM = 4
 
 
-def _wgmma_instance(nt: int, stages: int) -> str:
-    return f"fp8_gemm_wgmma<{nt},{stages}>"
+def _wgmma_instance(nt: int, stages: int, kpu: int) -> str:
+    return f"fp8_gemm_wgmma<{nt},{stages},{kpu}>"
 
 
 def _wgmma_instances() -> tuple[str, ...]:
-    return tuple(_wgmma_instance(nt, st) for nt, st in sorted(WGMMA_STAGES.items()))
+    return tuple(_wgmma_instance(nt, st, kpu) for (nt, kpu), st in sorted(WGMMA_STAGES.items()))
 
 
-def wgmma_smem_bytes(nt: int, stages: int) -> int:
+def wgmma_smem_bytes(nt: int, stages: int, kpu: int) -> int:
     """Dynamic shared memory of one CTA: the staged weight and token tiles, their scales, 1 KB alignment slack."""
-    return stages * (_WG_ROWS * 128 + nt * 128) + stages * (nt + 1) * 4 + 1024
+    return stages * kpu * (_WG_ROWS * 128 + nt * 128) + stages * kpu * (nt + 1) * 4 + 1024
 
 
 @functools.cache
@@ -116,15 +117,25 @@ def _use_wgmma(device: torch.device) -> bool:
     return not env.legacy_gemm() and _jit.arch_option() == "-arch=sm_90a"
 
 
-def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) -> tuple[int, int, int, int]:
-    """(NT, stages, grid, smem bytes) for the stream-K wgmma GEMM: the smallest token tile holding M, and a
-    persistent grid of as many CTAs as fit on the SMs (never more than there are work units)."""
-    nt = next(n for n in WGMMA_STAGES if n >= M)
-    st = stages or WGMMA_STAGES[nt]
-    smem = wgmma_smem_bytes(nt, st)
+_MIN_BLOCKS_PER_CTA = 16
+
+
+def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) -> tuple[int, int, int, int, int]:
+    """(NT, stages, KPU, grid, smem bytes) for the stream-K wgmma GEMM: the smallest token tile holding M, two K
+    blocks per unit when K allows, and a persistent grid of 1..k CTAs per SM (k: what shared memory allows). More
+    CTAs per SM keep more loads in flight, but every CTA pays a fixed cost (pipeline fill, settling shared tiles,
+    whose reduction grows with the number of CTAs per tile); measured on the H200, the best grid is the largest one
+    that still gives each CTA about _MIN_BLOCKS_PER_CTA K blocks (1 CTA/SM for wqkv/wo/w2 at M=1, 2 for gate|up)."""
+    nt = next(n for n in (8, 16, 32, 64, 128) if n >= M)
+    KB = K // 128
+    kpu = 2 if KB % 2 == 0 else 1
+    st = stages or WGMMA_STAGES[(nt, kpu)]
+    smem = wgmma_smem_bytes(nt, st, kpu)
     per_sm = max(1, min(_MAX_CTAS_PER_SM, (227 * 1024) // (smem + 1024)))
-    units = math.ceil(N / _WG_ROWS) * (K // 128)
-    return nt, st, min(units, sms * per_sm), smem
+    blocks = math.ceil(N / _WG_ROWS) * KB
+    while per_sm > 1 and blocks < sms * per_sm * _MIN_BLOCKS_PER_CTA:
+        per_sm -= 1
+    return nt, st, kpu, min(blocks // kpu, sms * per_sm), smem
 
 
 @dataclasses.dataclass
@@ -147,7 +158,7 @@ def _streamk(device: torch.device, sms: int) -> _StreamK:
     sk = _STREAMK.get(key)
     if sk is None:
         # Two tile slots per CTA at the largest grid any plan can make (_MAX_CTAS_PER_SM per SM) and tile width.
-        floats = 2 * sms * _MAX_CTAS_PER_SM * _WG_ROWS * max(WGMMA_STAGES)
+        floats = 2 * sms * _MAX_CTAS_PER_SM * _WG_ROWS * 128
         sk = _StreamK(torch.empty(floats, dtype=torch.float32, device=device),
                       torch.zeros(_STREAMK_TILES, dtype=torch.int32, device=device))
         _STREAMK[key] = sk
@@ -197,12 +208,12 @@ def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: to
     N = wq.shape[0]
     _check(math.ceil(N / _WG_ROWS) <= _STREAMK_TILES, f"fp8_gemm: N={N} is too large")
     sms = _sm_count(xq.device.index or 0)
-    nt, st, grid, smem = wgmma_plan(M, N, K, sms, stages)
+    nt, st, kpu, grid, smem = wgmma_plan(M, N, K, sms, stages)
     sk = _streamk(xq.device, sms)
     _check(2 * grid * _WG_ROWS * nt <= sk.partials.numel(), "fp8_gemm: stream-K scratch too small for this plan")
     y = torch.empty(M, N, dtype=torch.bfloat16, device=xq.device)
-    insts = _wgmma_instances() if stages is None else (_wgmma_instance(nt, st),)
-    fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(nt, st), insts)
+    inst = _wgmma_instance(nt, st, kpu)
+    fn = _jit.function("fp8_gemm_wgmma.cu", inst, _wgmma_instances() if stages is None else (inst,))
     _jit.set_dynamic_smem(fn, smem)
     _jit.launch(fn, (grid,), (128,), (xq.data_ptr(), sx.data_ptr(), wq.data_ptr(), sw.data_ptr(), y.data_ptr(),
                                       sk.partials.data_ptr(), sk.counters.data_ptr(), _i32(M), _i32(N), _i32(K),
@@ -367,9 +378,9 @@ def warmup(device: torch.device) -> None:
     _jit.function("fp8_quant.cu", "quantize_1x128")
     _jit.function("fp8_quant.cu", "swiglu_quantize_1x128")
     if _use_wgmma(device):
-        for nt, st in WGMMA_STAGES.items():
-            fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(nt, st), _wgmma_instances())
-            _jit.set_dynamic_smem(fn, wgmma_smem_bytes(nt, st))
+        for (nt, kpu), st in WGMMA_STAGES.items():
+            fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(nt, st, kpu), _wgmma_instances())
+            _jit.set_dynamic_smem(fn, wgmma_smem_bytes(nt, st, kpu))
         _streamk(device, _sm_count(device.index or 0))
     else:
         for inst in _GEMM_INSTANCES:
