@@ -142,6 +142,23 @@ def test_fp8_gemm_mma_sync_kernel(M: int, N: int, K: int) -> None:
 
 
 @GPU
+@pytest.mark.parametrize("M", [1, 16, 32])
+def test_fp8_gemm_rounds_like_fp32_accumulation(M: int) -> None:
+    """Decode-size GEMMs are as accurate as an FP32-accumulated product rounded to bf16 (~0.25 ulp mean error):
+    the FP8 tensor-core accumulator's reduced precision must not leak into the result (it flipped greedy tokens)."""
+    N, K = 2560, 4096
+    x, w = _x(M, K, seed=3, device="cuda"), _x(N, K, scale=0.05, seed=4, device="cuda")
+    wq, sw = ref.quantize_weight(w)
+    xq, sx = ref.quantize_1x128(x)
+    KB = K // 128
+    part = torch.einsum("mkb,nkb->kmn", xq.double().view(M, KB, 128), wq.double().view(N, KB, 128))
+    exact = (part * sx[:, :M, None].double() * sw.double().repeat_interleave(128, 0)[:N].T[:, None, :]).sum(0)
+    ulp = (exact.abs().clamp(min=1e-30).log2().floor() - 7).exp2()
+    err = (kernels.fp8_gemm(xq, sx, wq, sw).double() - exact).abs() / ulp
+    assert float(err.mean()) < 0.27, float(err.mean())
+
+
+@GPU
 @pytest.mark.parametrize("stages", [2, 3, 5])
 def test_fp8_gemm_stream_k_is_deterministic_and_resets(stages: int) -> None:
     """Tiles shared by several CTAs are summed in a fixed order and their counters end at zero, so repeated calls
