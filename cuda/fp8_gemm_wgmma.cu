@@ -87,16 +87,14 @@ __global__ void __launch_bounds__(128) fp8_gemm_wgmma(const fp8_t* __restrict__ 
                 for (int i = 0; i < WG_ROWS / 16; ++i) {
                     const int r = (tid >> 3) + 16 * i, n = ld_tile * WG_ROWS + r;
                     const bool ok = n < N;
-                    cp_async16(a + r * 128 + ((ch ^ (r & 7)) << 4), w + (i64)(ok ? n : 0) * K + kb * 128 + ch * 16,
-                               ok);
+                    cp_async16(a + sw128_offset(r, ch), w + (i64)(ok ? n : 0) * K + kb * 128 + ch * 16, ok);
                 }
 #pragma unroll
                 for (int i = 0; i < (NT * 8 + 127) / 128; ++i) {
                     const int idx = tid + 128 * i, r = idx >> 3;
                     if (r < NT) {
                         const bool ok = r < M;
-                        cp_async16(b + r * 128 + ((ch ^ (r & 7)) << 4), x + (i64)(ok ? r : 0) * K + kb * 128 + ch * 16,
-                                   ok);
+                        cp_async16(b + sw128_offset(r, ch), x + (i64)(ok ? r : 0) * K + kb * 128 + ch * 16, ok);
                     }
                 }
                 const int sb = buf * KPU + sub;

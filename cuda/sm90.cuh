@@ -38,6 +38,9 @@ __device__ __forceinline__ u64 desc_sw128(unsigned saddr) {
     return (u64)((saddr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
 }
 
+// Byte offset of 16-byte chunk c of row r in such a tile (the 128-byte swizzle desc_sw128 describes).
+__device__ __forceinline__ unsigned sw128_offset(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }

@@ -18,7 +18,7 @@ from rtts import env
 from rtts.kernels import reference
 from rtts.kernels.reference import FP8, pad4
 
-_SMS = 132  # H200; only used to size split-K and split-KV grids
+_SMS = 132  # H200: the mma.sync split-K plan and attention_splits' default (callers on a GPU pass _sm_count)
 
 
 def _use_cuda(*ts: torch.Tensor) -> bool:
@@ -106,15 +106,23 @@ def wgmma_smem_bytes(nt: int, stages: int, kpu: int) -> int:
     return stages * kpu * (_WG_ROWS * 128 + nt * 128) + stages * kpu * (nt + 1) * 4 + 1024
 
 
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
 
-def _use_wgmma(device: torch.device) -> bool:
-    from rtts.kernels import _jit
+@functools.cache
+def _is_sm90(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) == (9, 0)
 
-    return not env.legacy_gemm() and _jit.arch_option() == "-arch=sm_90a"
+
+def _use_wgmma(device: torch.device) -> bool:
+    """The wgmma kernel needs sm_90a (Hopper); RTTS_MMA_GEMM=1 opts out."""
+    return not env.legacy_gemm() and _is_sm90(_index(device))
 
 
 _MIN_BLOCKS_PER_CTA = 16
@@ -154,7 +162,7 @@ _STREAMK_TILES = 1 << 16  # counters: N up to 4M rows
 
 
 def _streamk(device: torch.device, sms: int) -> _StreamK:
-    key = (device.index or 0, torch.cuda.current_stream(device).cuda_stream)
+    key = (_index(device), torch.cuda.current_stream(device).cuda_stream)
     sk = _STREAMK.get(key)
     if sk is None:
         # Two tile slots per CTA at the largest grid any plan can make (_MAX_CTAS_PER_SM per SM) and tile width.
@@ -207,7 +215,7 @@ def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: to
     M, K = xq.shape
     N = wq.shape[0]
     _check(math.ceil(N / _WG_ROWS) <= _STREAMK_TILES, f"fp8_gemm: N={N} is too large")
-    sms = _sm_count(xq.device.index or 0)
+    sms = _sm_count(_index(xq.device))
     nt, st, kpu, grid, smem = wgmma_plan(M, N, K, sms, stages)
     sk = _streamk(xq.device, sms)
     _check(2 * grid * _WG_ROWS * nt <= sk.partials.numel(), "fp8_gemm: stream-K scratch too small for this plan")
@@ -279,8 +287,6 @@ def attention_splits(B: int, n_kv: int, L: int, sms: int = _SMS) -> tuple[int, i
     return best[1], best[2]
 
 
-
-
 def attention_smem_bytes(D: int) -> int:
     """Dynamic shared memory of one attention CTA: the K and V tiles of every pipeline stage."""
     return _ATT_STAGES * 2 * _ATT_TILE * D * 2
@@ -320,7 +326,7 @@ def decode_attention(
         return reference.decode_attention(q, k_cache, v_cache, slots, lens)
     from rtts.kernels import _jit
 
-    S, chunk = attention_splits(B, n_kv, L)
+    S, chunk = attention_splits(B, n_kv, L, _sm_count(_index(q.device)))
     out = torch.empty_like(q)
     if S > 1:
         ws_o = torch.empty(B, n_kv, S, G, D, dtype=torch.float32, device=q.device)
@@ -381,7 +387,7 @@ def warmup(device: torch.device) -> None:
         for (nt, kpu), st in WGMMA_STAGES.items():
             fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(nt, st, kpu), _wgmma_instances())
             _jit.set_dynamic_smem(fn, wgmma_smem_bytes(nt, st, kpu))
-        _streamk(device, _sm_count(device.index or 0))
+        _streamk(device, _sm_count(_index(device)))
     else:
         for inst in _GEMM_INSTANCES:
             _jit.function("fp8_gemm.cu", inst, _GEMM_INSTANCES)
