@@ -62,7 +62,7 @@ def copies_for(nbytes: int) -> int:
     return max(2, math.ceil(3 * L2_BYTES / nbytes))
 
 
-def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = ()) -> dict[str, float]:
+def bench_gemm(N: int, K: int, M: int, depths: tuple[int, ...] = ()) -> dict[str, float]:
     dev = "cuda"
     R = copies_for(N * K)
     ws = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.05 for _ in range(min(R, 8))]
@@ -90,12 +90,12 @@ def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = ()) -> dict[str
     out["bf16_us"] = 1e6 * time_graph(_calls(bf16, reps))
     out["fp8_gemm_us"] = 1e6 * time_graph(_calls(gemm, reps))
     out["mma_sync_us"] = 1e6 * time_graph(_calls(mma, reps))
-    for st in stages:
-        def staged(i: int, st: int = st) -> torch.Tensor:
+    for d in depths if M <= 64 else ():
+        def deep(i: int, d: int = d) -> torch.Tensor:
             wq, sw = qs[i % n]
-            return kernels._fp8_gemm_wgmma(xq, sx, wq, sw, stages=st)
+            return kernels._fp8_gemm_wgmma(xq, sx, wq, sw, depth=d)
 
-        out[f"wgmma_stages{st}_us"] = 1e6 * time_graph(_calls(staged, reps))
+        out[f"wgmma_depth{d}_us"] = 1e6 * time_graph(_calls(deep, reps))
     out["fp8_linear_us"] = 1e6 * time_graph(_calls(linear, reps))
     # torch._scaled_mm with per-tensor scales (the stock FP8 path); FP8 MMA needs M padded to 16.
     Mp = max(16, (M + 15) // 16 * 16)
@@ -186,11 +186,11 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m rtts.bench kernels")
     p.add_argument("--m", default="1,16,64,128")
     p.add_argument("--out", default="bench/results")
-    p.add_argument("--stages", default="", help="also time the wgmma GEMM at these pipeline depths (e.g. 3,4,6,8)")
+    p.add_argument("--depths", default="", help="also time the wgmma GEMM at these weight prefetch depths (e.g. 2,4,8)")
     args = p.parse_args(argv)
     kernels.warmup(torch.device("cuda"))
     ms = [int(x) for x in args.m.split(",")]
-    stages = tuple(int(x) for x in args.stages.split(",") if x)
+    depths = tuple(int(x) for x in args.depths.split(",") if x)
     bw = copy_bandwidth()
     copy_tbps = bw["copy_TBps"]
     print(f"copy bandwidth: memcpy {bw['memcpy_TBps']:.2f} TB/s, kernel {bw['kernel_TBps']:.2f} TB/s", flush=True)
@@ -202,12 +202,12 @@ def main(argv: list[str] | None = None) -> None:
     gemm: list[dict[str, Any]] = []
     for name, N, K in S2_GEMMS:
         for M in ms:
-            r = bench_gemm(N, K, M, stages)
+            r = bench_gemm(N, K, M, depths)
             gemm.append({"layer": name, "N": N, "K": K, "M": M, **r})
             rows.append(f"| {name} | {N}x{K} | {M} | {r['bf16_us']:.1f} | {r.get('scaled_mm_us', float('nan')):.1f} "
                         f"| {r['fp8_gemm_us']:.1f} | {r['mma_sync_us']:.1f} | {r['fp8_linear_us']:.1f} "
                         f"| {r['fp8_gemm_TBps']:.2f} | {r['bf16_TBps']:.2f} | {r['speedup_vs_bf16']:.2f}x |")
-            print(rows[-1], " ".join(f"{k}={v:.1f}" for k, v in r.items() if k.startswith("wgmma_stages")),
+            print(rows[-1], " ".join(f"{k}={v:.1f}" for k, v in r.items() if k.startswith("wgmma_depth")),
                   flush=True)
     rows += ["", "## MLP block (gate|up GEMM -> SwiGLU + quantize -> down), 2560 -> 9728 -> 2560", "",
              "| M | bf16 us | fp8 us | speedup |", "|---|---|---|---|"]

@@ -85,25 +85,28 @@ def swiglu_quantize(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 _NT = (1, 2, 4, 8, 16)
 _GEMM_INSTANCES = tuple(f"fp8_gemm<{nt},{w},{str(s).lower()}>" for nt in _NT for w in (4, 8) for s in (False, True))
 
-# wgmma kernel (sm_90a): (token tile width NT, K blocks per unit KPU) -> pipeline stages. Sized so one or two CTAs
-# share an SM with ~100 KB of weights in flight per SM. KPU = 2 needs an even number of K blocks.
-WGMMA_STAGES = {(8, 2): 6, (16, 2): 6, (32, 2): 5, (64, 2): 3, (128, 2): 2,
-                (8, 1): 8, (16, 1): 8, (32, 1): 6, (64, 1): 5, (128, 1): 4}
-_WG_ROWS = 64
-_MAX_CTAS_PER_SM = 4
+# wgmma kernel (sm_90a): token tile width NT -> weight prefetch depth (iterations of 128x128 weights held in registers
+# per thread, 64 bytes each). Two warpgroups x DEPTH x 8 KB of weights in flight per SM.
+WGMMA_DEPTH = {8: 8, 16: 6, 32: 6, 64: 4}
+_WGMMA_NT = tuple(sorted(WGMMA_DEPTH))
+_TILE_ROWS = 128  # weight rows per iteration (one 128x128 scale block)
+_WGMMA_THREADS = 256
+_SMEM_LIMIT = 227 * 1024 - 64  # per CTA, less the kernel's static shared memory
+_MAX_GRID_PER_SM = 4  # stream-K scratch is sized for this many CTAs per SM
 
 
-def _wgmma_instance(nt: int, stages: int, kpu: int) -> str:
-    return f"fp8_gemm_wgmma<{nt},{stages},{kpu}>"
+def _wgmma_instance(nt: int, depth: int) -> str:
+    return f"fp8_gemm_wgmma<{nt},{depth}>"
 
 
 def _wgmma_instances() -> tuple[str, ...]:
-    return tuple(_wgmma_instance(nt, st, kpu) for (nt, kpu), st in sorted(WGMMA_STAGES.items()))
+    return tuple(_wgmma_instance(nt, d) for nt, d in sorted(WGMMA_DEPTH.items()))
 
 
-def wgmma_smem_bytes(nt: int, stages: int, kpu: int) -> int:
-    """Dynamic shared memory of one CTA: the staged weight and token tiles, their scales, 1 KB alignment slack."""
-    return stages * kpu * (_WG_ROWS * 128 + nt * 128) + stages * kpu * (nt + 1) * 4 + 1024
+def wgmma_smem_bytes(nt: int, blocks: int) -> int:
+    """Dynamic shared memory of one CTA holding `blocks` K blocks of NT tokens (bytes and scales), plus 1 KB of
+    alignment slack."""
+    return blocks * nt * (128 + 4) + 1024
 
 
 def _index(device: torch.device) -> int:
@@ -125,25 +128,19 @@ def _use_wgmma(device: torch.device) -> bool:
     return not env.legacy_gemm() and _is_sm90(_index(device))
 
 
-_MIN_BLOCKS_PER_CTA = 16
-
-
-def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) -> tuple[int, int, int, int, int]:
-    """(NT, stages, KPU, grid, smem bytes) for the stream-K wgmma GEMM: the smallest token tile holding M, two K
-    blocks per unit when K allows, and a persistent grid of 1..k CTAs per SM (k: what shared memory allows). More
-    CTAs per SM keep more loads in flight, but every CTA pays a fixed cost (pipeline fill, settling shared tiles,
-    whose reduction grows with the number of CTAs per tile); measured on the H200, the best grid is the largest one
-    that still gives each CTA about _MIN_BLOCKS_PER_CTA K blocks (1 CTA/SM for wqkv/wo/w2 at M=1, 2 for gate|up)."""
-    nt = next(n for n in (8, 16, 32, 64, 128) if n >= M)
+def wgmma_plan(M: int, N: int, K: int, sms: int, depth: int | None = None) -> tuple[int, int, int, int]:
+    """(NT, depth, grid, smem bytes) for the stream-K wgmma GEMM (M <= 64): the smallest token tile holding M and a
+    persistent grid of one CTA per SM, or more when the K blocks one CTA visits would not fit in shared memory (a
+    CTA holds every token block it visits: min(K/128, its iterations))."""
+    nt = next(n for n in _WGMMA_NT if n >= M)
     KB = K // 128
-    kpu = 2 if KB % 2 == 0 else 1
-    st = stages or WGMMA_STAGES[(nt, kpu)]
-    smem = wgmma_smem_bytes(nt, st, kpu)
-    per_sm = max(1, min(_MAX_CTAS_PER_SM, (227 * 1024) // (smem + 1024)))
-    blocks = math.ceil(N / _WG_ROWS) * KB
-    while per_sm > 1 and blocks < sms * per_sm * _MIN_BLOCKS_PER_CTA:
-        per_sm -= 1
-    return nt, st, kpu, min(blocks // kpu, sms * per_sm), smem
+    T = math.ceil(N / _TILE_ROWS) * KB
+    grid = min(T, sms)
+    max_blocks = (_SMEM_LIMIT - 1024) // (nt * 132)
+    if KB > max_blocks:
+        grid = max(grid, math.ceil(T / max_blocks))
+    smem = wgmma_smem_bytes(nt, min(KB, math.ceil(T / grid)))
+    return nt, depth or WGMMA_DEPTH[nt], grid, smem
 
 
 @dataclasses.dataclass
@@ -158,15 +155,15 @@ class _StreamK:
 
 
 _STREAMK: dict[tuple[int, int], _StreamK] = {}
-_STREAMK_TILES = 1 << 16  # counters: N up to 4M rows
+_STREAMK_TILES = 1 << 16  # counters: N up to 8M rows
 
 
 def _streamk(device: torch.device, sms: int) -> _StreamK:
     key = (_index(device), torch.cuda.current_stream(device).cuda_stream)
     sk = _STREAMK.get(key)
     if sk is None:
-        # Two tile slots per CTA at the largest grid any plan can make (_MAX_CTAS_PER_SM per SM) and tile width.
-        floats = 2 * sms * _MAX_CTAS_PER_SM * _WG_ROWS * 128
+        # Two tile slots per CTA at the largest grid _fp8_gemm_wgmma accepts and the widest token tile.
+        floats = 2 * sms * _MAX_GRID_PER_SM * _TILE_ROWS * _WGMMA_NT[-1]
         sk = _StreamK(torch.empty(floats, dtype=torch.float32, device=device),
                       torch.zeros(_STREAMK_TILES, dtype=torch.int32, device=device))
         _STREAMK[key] = sk
@@ -200,32 +197,38 @@ def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Ten
            f"fp8_gemm: sw must be fp32 [{math.ceil(N / 128)}, {K // 128}], got {sw.dtype} {tuple(sw.shape)}")
     if not _use_cuda(xq, sx, wq, sw):
         return reference.fp8_gemm(xq, sx, wq, sw)
-    if M > 128:  # decode shapes: larger batches run in 128-token slices
-        return torch.cat([fp8_gemm(xq[i:i + 128].contiguous(), _slice_scales(sx, i, min(M, i + 128)), wq, sw)
-                          for i in range(0, M, 128)])
-    if _use_wgmma(xq.device):
-        return _fp8_gemm_wgmma(xq, sx, wq, sw)
-    return _fp8_gemm_mma(xq, sx, wq, sw)
+    wgmma = _use_wgmma(xq.device) and _wgmma_fits(M, N, K, xq.device)
+    step = _WGMMA_NT[-1] if wgmma else 128  # decode shapes: larger batches run in token slices
+    if M > step:
+        return torch.cat([fp8_gemm(xq[i:i + step].contiguous(), _slice_scales(sx, i, min(M, i + step)), wq, sw)
+                          for i in range(0, M, step)])
+    return _fp8_gemm_wgmma(xq, sx, wq, sw) if wgmma else _fp8_gemm_mma(xq, sx, wq, sw)
+
+
+def _wgmma_fits(M: int, N: int, K: int, device: torch.device) -> bool:
+    """The stream-K scratch covers the plan (it does for any N * K up to ~230M weights)."""
+    sms = _sm_count(_index(device))
+    return (math.ceil(N / _TILE_ROWS) <= _STREAMK_TILES
+            and wgmma_plan(min(M, _WGMMA_NT[-1]), N, K, sms)[2] <= _MAX_GRID_PER_SM * sms)
 
 
 def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor,
-                    stages: int | None = None) -> torch.Tensor:
+                    depth: int | None = None) -> torch.Tensor:
     from rtts.kernels import _jit
 
     M, K = xq.shape
     N = wq.shape[0]
-    _check(math.ceil(N / _WG_ROWS) <= _STREAMK_TILES, f"fp8_gemm: N={N} is too large")
+    _check(M <= _WGMMA_NT[-1] and _wgmma_fits(M, N, K, xq.device), f"fp8_gemm: no wgmma plan for {M}x{N}x{K}")
     sms = _sm_count(_index(xq.device))
-    nt, st, kpu, grid, smem = wgmma_plan(M, N, K, sms, stages)
+    nt, depth, grid, smem = wgmma_plan(M, N, K, sms, depth)
     sk = _streamk(xq.device, sms)
-    _check(2 * grid * _WG_ROWS * nt <= sk.partials.numel(), "fp8_gemm: stream-K scratch too small for this plan")
     y = torch.empty(M, N, dtype=torch.bfloat16, device=xq.device)
-    inst = _wgmma_instance(nt, st, kpu)
-    fn = _jit.function("fp8_gemm_wgmma.cu", inst, _wgmma_instances() if stages is None else (inst,))
+    inst = _wgmma_instance(nt, depth)
+    fn = _jit.function("fp8_gemm_wgmma.cu", inst, _wgmma_instances() if inst in _wgmma_instances() else (inst,))
     _jit.set_dynamic_smem(fn, smem)
-    _jit.launch(fn, (grid,), (128,), (xq.data_ptr(), sx.data_ptr(), wq.data_ptr(), sw.data_ptr(), y.data_ptr(),
-                                      sk.partials.data_ptr(), sk.counters.data_ptr(), _i32(M), _i32(N), _i32(K),
-                                      _i32(pad4(M))), shared_mem=smem)
+    _jit.launch(fn, (grid,), (_WGMMA_THREADS,), (xq.data_ptr(), sx.data_ptr(), wq.data_ptr(), sw.data_ptr(),
+                                                 y.data_ptr(), sk.partials.data_ptr(), sk.counters.data_ptr(), _i32(M),
+                                                 _i32(N), _i32(K), _i32(pad4(M))), shared_mem=smem)
     return y
 
 
@@ -384,9 +387,9 @@ def warmup(device: torch.device) -> None:
     _jit.function("fp8_quant.cu", "quantize_1x128")
     _jit.function("fp8_quant.cu", "swiglu_quantize_1x128")
     if _use_wgmma(device):
-        for (nt, kpu), st in WGMMA_STAGES.items():
-            fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(nt, st, kpu), _wgmma_instances())
-            _jit.set_dynamic_smem(fn, wgmma_smem_bytes(nt, st, kpu))
+        for nt, d in WGMMA_DEPTH.items():
+            fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(nt, d), _wgmma_instances())
+            _jit.set_dynamic_smem(fn, _SMEM_LIMIT)
         _streamk(device, _sm_count(_index(device)))
     else:
         for inst in _GEMM_INSTANCES:
