@@ -1,6 +1,6 @@
 // Hopper (sm_90a) building blocks: shared-memory addresses, cp.async with zero fill, the async-proxy fence, wgmma
-// descriptors for 128-byte-swizzled K-major tiles, and FP8 wgmma (A from registers) for every token-tile width the
-// GEMM uses.
+// descriptors for 128-byte-swizzled K-major tiles, mbarriers and bulk (TMA) copies, named barriers, and FP8 wgmma for
+// every token-tile width the GEMM uses.
 // Self-contained (inline PTX only), like common.cuh.
 #pragma once
 #include "common.cuh"
@@ -53,59 +53,91 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// D[64 x NT] (+)= A[64 x 32] * B[NT x 32]^T, e4m3 in, FP32 accumulate; accumulate == 0 overwrites D. A comes from
-// registers: thread t of the warpgroup (warp w = t / 32, lane l, g = l / 4, q = l % 4) holds a[0] = row 16w + g,
-// K 4q..4q+3; a[1] = row 16w + g + 8, same K; a[2] = row 16w + g, K 16 + 4q..; a[3] = row 16w + g + 8, K 16 + 4q...
-// B is a shared-memory descriptor. Accumulator layout: d[4i + e] is row 16w + g + 8(e >> 1), column
-// 8i + 2q + (e & 1).
+// ---- mbarriers and bulk copies (the TMA engine, 1-D: no tensor map needed for contiguous sources)
+
+__device__ __forceinline__ void mbar_init(unsigned bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Arrive and announce `bytes` of async-copy traffic that will complete this phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// Block until the phase with the given parity has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nwait_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+
+// bytes (a multiple of 16, 16-byte aligned both sides) global -> shared by the TMA engine; completes on `bar`.
+__device__ __forceinline__ void bulk_copy_g2s(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// Barrier over the first `threads` threads of the CTA only (id 0 is __syncthreads).
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// D[64 x NT] (+)= A[64 x 32] * B[NT x 32]^T, e4m3 in, FP32 accumulate; accumulate == 0 overwrites D.
+// Accumulator layout (thread t of the warpgroup, warp w = t / 32, lane l): d[4i + e] is row 16w + l/4 + 8(e >> 1),
+// column 8i + 2(l % 4) + (e & 1).
 template <int NT>
-__device__ __forceinline__ void wgmma_e4m3_rs(float (&d)[NT / 2], const unsigned (&a)[4], u64 db, int accumulate);
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[NT / 2], u64 da, u64 db, int accumulate);
 
 template <>
-__device__ __forceinline__ void wgmma_e4m3_rs<8>(float (&d)[4], const unsigned (&a)[4], u64 db, int accumulate) {
+__device__ __forceinline__ void wgmma_e4m3<8>(float (&d)[4], u64 da, u64 db, int accumulate) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {"
         "%0, %1, %2, %3"
-        "}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
+        "}, %4, %5, p, 1, 1;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+        : "l"(da), "l"(db), "r"(accumulate));
 }
 
 template <>
-__device__ __forceinline__ void wgmma_e4m3_rs<16>(float (&d)[8], const unsigned (&a)[4], u64 db, int accumulate) {
+__device__ __forceinline__ void wgmma_e4m3<16>(float (&d)[8], u64 da, u64 db, int accumulate) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {"
         "%0, %1, %2, %3, %4, %5, %6, %7"
-        "}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+        "}, %8, %9, p, 1, 1;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+        : "l"(da), "l"(db), "r"(accumulate));
 }
 
 template <>
-__device__ __forceinline__ void wgmma_e4m3_rs<32>(float (&d)[16], const unsigned (&a)[4], u64 db, int accumulate) {
+__device__ __forceinline__ void wgmma_e4m3<32>(float (&d)[16], u64 da, u64 db, int accumulate) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-        "}, {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+        "}, %16, %17, p, 1, 1;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+        : "l"(da), "l"(db), "r"(accumulate));
 }
 
 template <>
-__device__ __forceinline__ void wgmma_e4m3_rs<64>(float (&d)[32], const unsigned (&a)[4], u64 db, int accumulate) {
+__device__ __forceinline__ void wgmma_e4m3<64>(float (&d)[32], u64 da, u64 db, int accumulate) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
         "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
         "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-        "}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+        "}, %32, %33, p, 1, 1;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate));
+        : "l"(da), "l"(db), "r"(accumulate));
 }

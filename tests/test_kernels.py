@@ -45,6 +45,25 @@ def test_reference_gemm_matches_dequantized_matmul() -> None:
     assert (y - exact).abs().max() / exact.abs().max() < 0.1
 
 
+def test_packed_weight_layout() -> None:
+    """pack_weight is a pure reordering: block (t, kb) row r holds 16-byte chunk c of w[128t + r, 128kb:] at
+    position c ^ (r % 8); unpack inverts it and the packed GEMM equals the [N, K] one on the CPU path."""
+    wq, sw = ref.quantize_weight(_x(384, 256, scale=0.05, seed=11))
+    wp = kernels.pack_weight(wq)
+    assert wp.shape == (3, 2, 128, 128) and wp.dtype == ref.FP8
+    u, q = wp.view(torch.uint8), wq.view(torch.uint8)
+    for t, kb, r, c in ((0, 0, 0, 0), (2, 1, 13, 3), (1, 0, 127, 7), (0, 1, 6, 1)):
+        p = c ^ (r % 8)
+        assert torch.equal(u[t, kb, r, 16 * p:16 * p + 16], q[128 * t + r, 128 * kb + 16 * c:128 * kb + 16 * c + 16])
+    assert torch.equal(ref.unpack_weight(wp).view(torch.uint8), q)
+    xq, sx = ref.quantize_1x128(_x(5, 256, seed=12))
+    assert torch.equal(kernels.fp8_gemm(xq, sx, wp, sw), kernels.fp8_gemm(xq, sx, wq, sw))
+    with pytest.raises(ValueError, match="packed weight"):
+        kernels.fp8_gemm(xq, sx, kernels.pack_weight(ref.quantize_weight(_x(128, 384))[0]), sw)
+    with pytest.raises(ValueError, match="multiple of the 128x128 block"):
+        kernels.pack_weight(ref.quantize_weight(_x(100, 128))[0])
+
+
 def test_reference_decode_attention_matches_sdpa() -> None:
     B, H, n_kv, D, L = 3, 8, 2, 64, 40
     q = _x(B, H, D, seed=3)
@@ -115,25 +134,34 @@ def test_fp8_gemm_kernel(M: int, N: int, K: int) -> None:
     assert err < 1e-2, f"relative error {err}"
 
 
-def _gemm_error(gemm: Callable[..., torch.Tensor], M: int, N: int, K: int) -> float:
+@GPU
+@pytest.mark.parametrize("M", [1, 3, 16, 17, 33, 64, 100, 128, 200])
+@pytest.mark.parametrize("N,K", [(2560, 2560), (6144, 2560), (2560, 9728), (256, 384), (19456, 2560), (128, 128)])
+def test_fp8_gemm_packed_kernel(M: int, N: int, K: int) -> None:
+    """Packed weights: the wgmma kernel on sm_90a (the correct-but-slow unpacked path elsewhere)."""
+    err = _gemm_error(kernels.fp8_gemm, M, N, K, packed=True)
+    assert err < 1e-2, f"relative error {err}"
+
+
+def _gemm_error(gemm: Callable[..., torch.Tensor], M: int, N: int, K: int, packed: bool = False) -> float:
     """Max error of `gemm` against the reference on random quantized operands, relative to the largest output."""
     x, w = _x(M, K, seed=M, device="cuda"), _x(N, K, scale=0.05, seed=N, device="cuda")
     wq, sw = ref.quantize_weight(w)
     xq, sx = ref.quantize_1x128(x)
-    y = gemm(xq, sx, wq, sw).float()
+    y = gemm(xq, sx, kernels.pack_weight(wq) if packed else wq, sw).float()
     r = ref.fp8_gemm(xq, sx, wq, sw).float()
     return float((y - r).abs().max() / r.abs().max())
 
 
 def test_wgmma_plan_fits_the_gpu() -> None:
     for M in (1, 8, 9, 33, 64):
-        for N, K in ((2560, 9728), (19456, 2560), (200, 384), (65536, 16384), (100, 128)):
-            nt, depth, grid, smem = kernels.wgmma_plan(M, N, K, sms=132)
-            assert nt >= M and nt % 8 == 0 and depth >= 1
+        for N, K in ((2560, 9728), (19456, 2560), (256, 384), (65536, 16384), (128, 128), (2560, 65536)):
+            nt, stages, grid, smem = kernels.wgmma_plan(M, N, K, sms=132)
+            assert nt >= M and nt % 8 == 0 and 2 <= stages <= 8
             assert smem <= 227 * 1024 - 64
-            T = math.ceil(N / 128) * (K // 128)
+            T = N // 128 * (K // 128)
             assert 1 <= grid <= T  # every CTA gets at least one iteration
-            assert smem >= kernels.wgmma_smem_bytes(nt, min(K // 128, math.ceil(T / grid)))  # its token blocks fit
+            assert smem >= kernels.wgmma_smem_bytes(nt, min(K // 128, math.ceil(T / grid)), stages)  # tokens fit
 
 
 @GPU
@@ -159,13 +187,13 @@ def test_fp8_gemm_rounds_like_fp32_accumulation(M: int) -> None:
     part = torch.einsum("mkb,nkb->kmn", xq.double().view(M, KB, 128), wq.double().view(N, KB, 128))
     exact = (part * sx[:, :M, None].double() * sw.double().repeat_interleave(128, 0)[:N].T[:, None, :]).sum(0)
     ulp = (exact.abs().clamp(min=1e-30).log2().floor() - 7).exp2()
-    err = (kernels.fp8_gemm(xq, sx, wq, sw).double() - exact).abs() / ulp
+    err = (kernels.fp8_gemm(xq, sx, kernels.pack_weight(wq), sw).double() - exact).abs() / ulp
     assert float(err.mean()) < 0.35, float(err.mean())
 
 
 @GPU
-@pytest.mark.parametrize("depth", [1, 3, 4])
-def test_fp8_gemm_stream_k_is_deterministic_and_resets(depth: int) -> None:
+@pytest.mark.parametrize("stages", [2, 3, 8])
+def test_fp8_gemm_stream_k_is_deterministic_and_resets(stages: int) -> None:
     """Tiles shared by several CTAs are summed in a fixed order and their counters end at zero, so repeated calls
     and graph replays give identical bits."""
     if not kernels._use_wgmma(torch.device("cuda")):
@@ -174,9 +202,10 @@ def test_fp8_gemm_stream_k_is_deterministic_and_resets(depth: int) -> None:
     x, w = _x(M, K, seed=7, device="cuda"), _x(N, K, scale=0.05, seed=8, device="cuda")
     wq, sw = ref.quantize_weight(w)
     xq, sx = ref.quantize_1x128(x)
-    first = kernels._fp8_gemm_wgmma(xq, sx, wq, sw, depth=depth)
+    wp = kernels.pack_weight(wq)
+    first = kernels._fp8_gemm_wgmma(xq, sx, wp, sw, stages=stages)
     for _ in range(3):
-        assert torch.equal(kernels._fp8_gemm_wgmma(xq, sx, wq, sw, depth=depth), first)
+        assert torch.equal(kernels._fp8_gemm_wgmma(xq, sx, wp, sw, stages=stages), first)
     r = ref.fp8_gemm(xq, sx, wq, sw).float()
     assert (first.float() - r).abs().max() / r.abs().max() < 1e-2
     sk = kernels._streamk(torch.device("cuda"), kernels._sm_count(0))

@@ -62,12 +62,13 @@ def copies_for(nbytes: int) -> int:
     return max(2, math.ceil(3 * L2_BYTES / nbytes))
 
 
-def bench_gemm(N: int, K: int, M: int, depths: tuple[int, ...] = ()) -> dict[str, float]:
+def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = ()) -> dict[str, float]:
     dev = "cuda"
     R = copies_for(N * K)
     ws = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.05 for _ in range(min(R, 8))]
     x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
     qs = [ref.quantize_weight(w) for w in ws]
+    packed = [(kernels.pack_weight(q), s) for q, s in qs] if kernels.packs_weights(x.device) else qs
     xq, sx = kernels.quantize_1x128(x)
     n = len(ws)
     reps = R  # calls per graph, cycling the copies
@@ -75,12 +76,12 @@ def bench_gemm(N: int, K: int, M: int, depths: tuple[int, ...] = ()) -> dict[str
     def bf16(i: int) -> torch.Tensor:
         return x @ ws[i % n].T
 
-    def gemm(i: int) -> torch.Tensor:
-        wq, sw = qs[i % n]
+    def gemm(i: int) -> torch.Tensor:  # what the serving path runs: packed weights on sm_90a
+        wq, sw = packed[i % n]
         return kernels.fp8_gemm(xq, sx, wq, sw)
 
     def linear(i: int) -> torch.Tensor:
-        wq, sw = qs[i % n]
+        wq, sw = packed[i % n]
         return kernels.fp8_linear(x, wq, sw)
 
     def mma(i: int) -> torch.Tensor:  # the mma.sync kernel (GPUs without wgmma)
@@ -90,12 +91,12 @@ def bench_gemm(N: int, K: int, M: int, depths: tuple[int, ...] = ()) -> dict[str
     out["bf16_us"] = 1e6 * time_graph(_calls(bf16, reps))
     out["fp8_gemm_us"] = 1e6 * time_graph(_calls(gemm, reps))
     out["mma_sync_us"] = 1e6 * time_graph(_calls(mma, reps))
-    for d in depths if M <= 64 else ():
-        def deep(i: int, d: int = d) -> torch.Tensor:
-            wq, sw = qs[i % n]
-            return kernels._fp8_gemm_wgmma(xq, sx, wq, sw, depth=d)
+    for st in stages if M <= 64 and packed is not qs else ():
+        def staged(i: int, st: int = st) -> torch.Tensor:
+            wq, sw = packed[i % n]
+            return kernels._fp8_gemm_wgmma(xq, sx, wq, sw, stages=st)
 
-        out[f"wgmma_depth{d}_us"] = 1e6 * time_graph(_calls(deep, reps))
+        out[f"wgmma_stages{st}_us"] = 1e6 * time_graph(_calls(staged, reps))
     out["fp8_linear_us"] = 1e6 * time_graph(_calls(linear, reps))
     # torch._scaled_mm with per-tensor scales (the stock FP8 path); FP8 MMA needs M padded to 16.
     Mp = max(16, (M + 15) // 16 * 16)
@@ -125,8 +126,9 @@ def bench_mlp(M: int, dim: int = 2560, hidden: int = 9728) -> dict[str, float]:
     w3s = [torch.randn(hidden, dim, device=dev, dtype=torch.bfloat16) * 0.05 for _ in range(n)]
     w2s = [torch.randn(dim, hidden, device=dev, dtype=torch.bfloat16) * 0.05 for _ in range(n)]
     x = torch.randn(M, dim, device=dev, dtype=torch.bfloat16)
-    gu = [ref.quantize_weight(torch.cat([a, b])) for a, b in zip(w1s, w3s)]
-    dn = [ref.quantize_weight(w) for w in w2s]
+    pack = kernels.pack_weight if kernels.packs_weights(x.device) else (lambda q: q)
+    gu = [(pack(q), s) for q, s in (ref.quantize_weight(torch.cat([a, b])) for a, b in zip(w1s, w3s))]
+    dn = [(pack(q), s) for q, s in (ref.quantize_weight(w) for w in w2s)]
     reps = copies_for(nbytes)
 
     def bf16(i: int) -> torch.Tensor:
@@ -186,11 +188,11 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m rtts.bench kernels")
     p.add_argument("--m", default="1,16,64,128")
     p.add_argument("--out", default="bench/results")
-    p.add_argument("--depths", default="", help="also time the wgmma GEMM at these weight prefetch depths (e.g. 2,4,8)")
+    p.add_argument("--stages", default="", help="also time the wgmma GEMM with at most these weight stages (e.g. 2,4)")
     args = p.parse_args(argv)
     kernels.warmup(torch.device("cuda"))
     ms = [int(x) for x in args.m.split(",")]
-    depths = tuple(int(x) for x in args.depths.split(",") if x)
+    stages = tuple(int(x) for x in args.stages.split(",") if x)
     bw = copy_bandwidth()
     copy_tbps = bw["copy_TBps"]
     print(f"copy bandwidth: memcpy {bw['memcpy_TBps']:.2f} TB/s, kernel {bw['kernel_TBps']:.2f} TB/s", flush=True)
@@ -202,12 +204,12 @@ def main(argv: list[str] | None = None) -> None:
     gemm: list[dict[str, Any]] = []
     for name, N, K in S2_GEMMS:
         for M in ms:
-            r = bench_gemm(N, K, M, depths)
+            r = bench_gemm(N, K, M, stages)
             gemm.append({"layer": name, "N": N, "K": K, "M": M, **r})
             rows.append(f"| {name} | {N}x{K} | {M} | {r['bf16_us']:.1f} | {r.get('scaled_mm_us', float('nan')):.1f} "
                         f"| {r['fp8_gemm_us']:.1f} | {r['mma_sync_us']:.1f} | {r['fp8_linear_us']:.1f} "
                         f"| {r['fp8_gemm_TBps']:.2f} | {r['bf16_TBps']:.2f} | {r['speedup_vs_bf16']:.2f}x |")
-            print(rows[-1], " ".join(f"{k}={v:.1f}" for k, v in r.items() if k.startswith("wgmma_depth")),
+            print(rows[-1], " ".join(f"{k}={v:.1f}" for k, v in r.items() if k.startswith("wgmma_stages")),
                   flush=True)
     rows += ["", "## MLP block (gate|up GEMM -> SwiGLU + quantize -> down), 2560 -> 9728 -> 2560", "",
              "| M | bf16 us | fp8 us | speedup |", "|---|---|---|---|"]

@@ -85,28 +85,28 @@ def swiglu_quantize(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 _NT = (1, 2, 4, 8, 16)
 _GEMM_INSTANCES = tuple(f"fp8_gemm<{nt},{w},{str(s).lower()}>" for nt in _NT for w in (4, 8) for s in (False, True))
 
-# wgmma kernel (sm_90a): token tile width NT -> weight prefetch depth (iterations of 128x128 weights held in registers
-# per thread, 64 bytes each). Two warpgroups x DEPTH x 8 KB of weights in flight per SM.
-WGMMA_DEPTH = {8: 8, 16: 6, 32: 6, 64: 4}
-_WGMMA_NT = tuple(sorted(WGMMA_DEPTH))
+# wgmma kernel (sm_90a): packed weights streamed by bulk copies through a ring of 16 KB stages.
+_WGMMA_NT = (8, 16, 32, 64)  # token tile widths (M <= 64 per launch)
 _TILE_ROWS = 128  # weight rows per iteration (one 128x128 scale block)
-_WGMMA_THREADS = 256
+_TILE_BYTES = 128 * 128
+_WGMMA_THREADS = 256 + 32  # two consumer warpgroups + one producer warp
 _SMEM_LIMIT = 227 * 1024 - 64  # per CTA, less the kernel's static shared memory
+_MAX_STAGES = 8  # 128 KB of weights in flight per SM; more measured no faster (bench --stages)
+_MIN_STAGES = 2
 _MAX_GRID_PER_SM = 4  # stream-K scratch is sized for this many CTAs per SM
 
 
-def _wgmma_instance(nt: int, depth: int) -> str:
-    return f"fp8_gemm_wgmma<{nt},{depth}>"
+def _wgmma_instance(nt: int) -> str:
+    return f"fp8_gemm_wgmma<{nt}>"
 
 
-def _wgmma_instances() -> tuple[str, ...]:
-    return tuple(_wgmma_instance(nt, d) for nt, d in sorted(WGMMA_DEPTH.items()))
+_WGMMA_INSTANCES = tuple(_wgmma_instance(nt) for nt in _WGMMA_NT)
 
 
-def wgmma_smem_bytes(nt: int, blocks: int) -> int:
-    """Dynamic shared memory of one CTA holding `blocks` K blocks of NT tokens (bytes and scales), plus 1 KB of
-    alignment slack."""
-    return blocks * nt * (128 + 4) + 1024
+def wgmma_smem_bytes(nt: int, blocks: int, stages: int) -> int:
+    """Dynamic shared memory of one CTA: `stages` 16 KB weight stages, `blocks` K blocks of NT tokens (bytes and
+    scales), two mbarriers per stage, 1 KB of alignment slack."""
+    return 1024 + stages * _TILE_BYTES + blocks * nt * (128 + 4) + 16 * stages + 8
 
 
 def _index(device: torch.device) -> int:
@@ -128,19 +128,28 @@ def _use_wgmma(device: torch.device) -> bool:
     return not env.legacy_gemm() and _is_sm90(_index(device))
 
 
-def wgmma_plan(M: int, N: int, K: int, sms: int, depth: int | None = None) -> tuple[int, int, int, int]:
-    """(NT, depth, grid, smem bytes) for the stream-K wgmma GEMM (M <= 64): the smallest token tile holding M and a
-    persistent grid of one CTA per SM, or more when the K blocks one CTA visits would not fit in shared memory (a
-    CTA holds every token block it visits: min(K/128, its iterations))."""
+def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) -> tuple[int, int, int, int]:
+    """(NT, stages, grid, smem bytes) for the stream-K wgmma GEMM (M <= 64, N % 128 == 0): the smallest token tile
+    holding M, a persistent grid of one CTA per SM, and as many weight stages (up to _MAX_STAGES) as the shared
+    memory left after the token blocks allows. A CTA holds every token block it visits (min(K/128, its
+    iterations)); when that leaves fewer than two stages the grid grows so each CTA visits fewer blocks."""
     nt = next(n for n in _WGMMA_NT if n >= M)
     KB = K // 128
-    T = math.ceil(N / _TILE_ROWS) * KB
+    T = (N // _TILE_ROWS) * KB
     grid = min(T, sms)
-    max_blocks = (_SMEM_LIMIT - 1024) // (nt * 132)
-    if KB > max_blocks:
-        grid = max(grid, math.ceil(T / max_blocks))
-    smem = wgmma_smem_bytes(nt, min(KB, math.ceil(T / grid)))
-    return nt, depth or WGMMA_DEPTH[nt], grid, smem
+
+    def fit(grid: int) -> tuple[int, int]:
+        blocks = min(KB, math.ceil(T / grid))
+        room = _SMEM_LIMIT - wgmma_smem_bytes(nt, blocks, 0)
+        return blocks, min(_MAX_STAGES, room // (_TILE_BYTES + 16))
+
+    blocks, st = fit(grid)
+    while st < _MIN_STAGES and grid < T:
+        grid = min(T, grid + max(1, sms // 4))
+        blocks, st = fit(grid)
+    if stages is not None:
+        st = min(st, stages)
+    return nt, st, grid, wgmma_smem_bytes(nt, blocks, st)
 
 
 @dataclasses.dataclass
@@ -183,21 +192,43 @@ def gemm_plan(M: int, N: int, K: int) -> tuple[int, int, int, int]:
     return nt, warps, math.ceil(KB / per), per
 
 
+def packs_weights(device: torch.device) -> bool:
+    """Whether FP8 weights on `device` should be stored packed (pack_weight): the wgmma kernel streams only the
+    packed layout; other GPUs and the CPU keep [N, K]."""
+    return device.type == "cuda" and _use_cuda(torch.empty(0, device=device)) and _use_wgmma(device)
+
+
+def pack_weight(wq: torch.Tensor) -> torch.Tensor:
+    """FP8 [N, K] -> the packed tile layout [N/128, K/128, 128, 128] (see reference.pack_weight)."""
+    _check(wq.dtype == FP8 and wq.dim() == 2, f"pack_weight: want fp8 [N, K], got {wq.dtype} {tuple(wq.shape)}")
+    return reference.pack_weight(wq.contiguous())
+
+
 def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
-    """xq fp8 [M, K], sx fp32 [K/128, pad4(M)], wq fp8 [N, K], sw fp32 [ceil(N/128), K/128] -> bf16 [M, N]."""
+    """xq fp8 [M, K], sx fp32 [K/128, pad4(M)], wq fp8 [N, K] or packed [N/128, K/128, 128, 128] (pack_weight),
+    sw fp32 [ceil(N/128), K/128] -> bf16 [M, N]. Packed weights run the wgmma kernel (sm_90a), [N, K] the mma.sync
+    kernel (any GPU)."""
     _check(xq.dtype == FP8 and wq.dtype == FP8, f"fp8_gemm: want float8_e4m3fn operands, got {xq.dtype}, {wq.dtype}")
-    _check(xq.dim() == 2 and wq.dim() == 2 and xq.is_contiguous() and wq.is_contiguous(),
-           "fp8_gemm: operands must be contiguous 2-D")
+    _check(xq.dim() == 2 and wq.dim() in (2, 4) and xq.is_contiguous() and wq.is_contiguous(),
+           "fp8_gemm: operands must be contiguous, x 2-D and w 2-D or packed 4-D")
     M, K = xq.shape
-    N = wq.shape[0]
-    _check(wq.shape[1] == K and K % 128 == 0, f"fp8_gemm: K mismatch or not a multiple of 128 ({K}, {wq.shape[1]})")
+    packed = wq.dim() == 4
+    if packed:
+        _check(tuple(wq.shape[1:]) == (K // 128, 128, 128) and K % 128 == 0,
+               f"fp8_gemm: packed weight {tuple(wq.shape)} does not match K={K}")
+        N = wq.shape[0] * 128
+    else:
+        N = wq.shape[0]
+        _check(wq.shape[1] == K and K % 128 == 0, f"fp8_gemm: K mismatch or not a multiple of 128 ({K}, {wq.shape[1]})")
     _check(sx.dtype == torch.float32 and tuple(sx.shape) == (K // 128, pad4(M)) and sx.is_contiguous(),
            f"fp8_gemm: sx must be fp32 [{K // 128}, {pad4(M)}], got {sx.dtype} {tuple(sx.shape)}")
     _check(sw.dtype == torch.float32 and tuple(sw.shape) == (math.ceil(N / 128), K // 128) and sw.is_contiguous(),
            f"fp8_gemm: sw must be fp32 [{math.ceil(N / 128)}, {K // 128}], got {sw.dtype} {tuple(sw.shape)}")
     if not _use_cuda(xq, sx, wq, sw):
         return reference.fp8_gemm(xq, sx, wq, sw)
-    wgmma = _use_wgmma(xq.device) and _wgmma_fits(M, N, K, xq.device)
+    wgmma = packed and _use_wgmma(xq.device) and _wgmma_fits(N, K, xq.device)
+    if packed and not wgmma:  # packed weights on a GPU without the wgmma kernel: correct, not fast
+        wq, packed = reference.unpack_weight(wq), False
     step = _WGMMA_NT[-1] if wgmma else 128  # decode shapes: larger batches run in token slices
     if M > step:
         return torch.cat([fp8_gemm(xq[i:i + step].contiguous(), _slice_scales(sx, i, min(M, i + step)), wq, sw)
@@ -205,30 +236,30 @@ def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Ten
     return _fp8_gemm_wgmma(xq, sx, wq, sw) if wgmma else _fp8_gemm_mma(xq, sx, wq, sw)
 
 
-def _wgmma_fits(M: int, N: int, K: int, device: torch.device) -> bool:
-    """The stream-K scratch covers the plan (it does for any N * K up to ~230M weights)."""
+def _wgmma_fits(N: int, K: int, device: torch.device) -> bool:
+    """The stream-K scratch covers the plan (it does up to ~230M weights)."""
     sms = _sm_count(_index(device))
-    return (math.ceil(N / _TILE_ROWS) <= _STREAMK_TILES
-            and wgmma_plan(min(M, _WGMMA_NT[-1]), N, K, sms)[2] <= _MAX_GRID_PER_SM * sms)
+    return (N // _TILE_ROWS <= _STREAMK_TILES
+            and wgmma_plan(_WGMMA_NT[-1], N, K, sms)[2] <= _MAX_GRID_PER_SM * sms)
 
 
-def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor,
-                    depth: int | None = None) -> torch.Tensor:
+def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wp: torch.Tensor, sw: torch.Tensor,
+                    stages: int | None = None) -> torch.Tensor:
     from rtts.kernels import _jit
 
     M, K = xq.shape
-    N = wq.shape[0]
-    _check(M <= _WGMMA_NT[-1] and _wgmma_fits(M, N, K, xq.device), f"fp8_gemm: no wgmma plan for {M}x{N}x{K}")
+    N = wp.shape[0] * _TILE_ROWS
+    _check(wp.dim() == 4 and M <= _WGMMA_NT[-1] and _wgmma_fits(N, K, xq.device),
+           f"fp8_gemm: no wgmma plan for {M}x{N}x{K}")
     sms = _sm_count(_index(xq.device))
-    nt, depth, grid, smem = wgmma_plan(M, N, K, sms, depth)
+    nt, st, grid, smem = wgmma_plan(M, N, K, sms, stages)
     sk = _streamk(xq.device, sms)
     y = torch.empty(M, N, dtype=torch.bfloat16, device=xq.device)
-    inst = _wgmma_instance(nt, depth)
-    fn = _jit.function("fp8_gemm_wgmma.cu", inst, _wgmma_instances() if inst in _wgmma_instances() else (inst,))
+    fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(nt), _WGMMA_INSTANCES)
     _jit.set_dynamic_smem(fn, smem)
-    _jit.launch(fn, (grid,), (_WGMMA_THREADS,), (xq.data_ptr(), sx.data_ptr(), wq.data_ptr(), sw.data_ptr(),
+    _jit.launch(fn, (grid,), (_WGMMA_THREADS,), (xq.data_ptr(), sx.data_ptr(), wp.data_ptr(), sw.data_ptr(),
                                                  y.data_ptr(), sk.partials.data_ptr(), sk.counters.data_ptr(), _i32(M),
-                                                 _i32(N), _i32(K), _i32(pad4(M))), shared_mem=smem)
+                                                 _i32(N), _i32(K), _i32(pad4(M)), _i32(st)), shared_mem=smem)
     return y
 
 
@@ -258,13 +289,14 @@ def _slice_scales(sx: torch.Tensor, a: int, b: int) -> torch.Tensor:
 
 
 def fp8_linear(x: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
-    """x bf16 [..., K] -> bf16 [..., N] = quantize_1x128 + fp8_gemm."""
+    """x bf16 [..., K] -> bf16 [..., N] = quantize_1x128 + fp8_gemm (wq [N, K] or packed)."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if not x2.is_contiguous():
         x2 = x2.contiguous()
     xq, sx = quantize_1x128(x2)
-    return fp8_gemm(xq, sx, wq, sw).view(*lead, wq.shape[0])
+    y = fp8_gemm(xq, sx, wq, sw)
+    return y.view(*lead, y.shape[-1])
 
 
 # ---------------------------------------------------------------------------------------------------- attention
@@ -387,14 +419,12 @@ def warmup(device: torch.device) -> None:
     _jit.function("fp8_quant.cu", "quantize_1x128")
     _jit.function("fp8_quant.cu", "swiglu_quantize_1x128")
     if _use_wgmma(device):
-        for nt, d in WGMMA_DEPTH.items():
-            fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(nt, d), _wgmma_instances())
-            _jit.set_dynamic_smem(fn, _SMEM_LIMIT)
+        for inst in _WGMMA_INSTANCES:
+            _jit.set_dynamic_smem(_jit.function("fp8_gemm_wgmma.cu", inst, _WGMMA_INSTANCES), _SMEM_LIMIT)
         _streamk(device, _sm_count(_index(device)))
-    else:
-        for inst in _GEMM_INSTANCES:
-            _jit.function("fp8_gemm.cu", inst, _GEMM_INSTANCES)
-        _jit.function("fp8_gemm.cu", "gemm_reduce_splits", _GEMM_INSTANCES)
+    for inst in _GEMM_INSTANCES:  # [N, K] weights (any GPU)
+        _jit.function("fp8_gemm.cu", inst, _GEMM_INSTANCES)
+    _jit.function("fp8_gemm.cu", "gemm_reduce_splits", _GEMM_INSTANCES)
     for d in (64, 128):
         for g in (1, 2, 4, 8):
             _jit.set_dynamic_smem(_jit.function("decode_attention.cu", f"decode_attention_{d}_{g}"),

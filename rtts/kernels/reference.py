@@ -51,8 +51,37 @@ def dequantize_weight(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * s
 
 
+def _swizzle_chunks(t: torch.Tensor) -> torch.Tensor:
+    """[..., 128 rows, 8 chunks, 16] -> same, chunk c of row r moved to position c ^ (r % 8) (an involution)."""
+    r = torch.arange(BLOCK, device=t.device)[:, None]
+    pos = torch.arange(8, device=t.device)[None, :] ^ (r % 8)  # position p holds chunk p ^ (r % 8)
+    return t[..., r, pos, :]
+
+
+def pack_weight(wq: torch.Tensor) -> torch.Tensor:
+    """FP8 weight [N, K] (N, K multiples of 128) -> the packed tile layout [N/128, K/128, 128, 128] the wgmma GEMM
+    streams: block (t, kb) holds rows 128t.. and K bytes 128kb.. contiguously, each 128-byte row with its 16-byte
+    chunks in the 128-byte swizzle order (chunk c of row r at position c ^ (r % 8)) that the kernel's shared-memory
+    descriptors read, so one bulk copy per block needs no rearranging on the GPU."""
+    N, K = wq.shape
+    if N % BLOCK or K % BLOCK:
+        raise ValueError(f"pack_weight: [{N}, {K}] is not a multiple of the 128x128 block")
+    t = wq.view(torch.uint8).view(N // BLOCK, BLOCK, K // BLOCK, 8, 16).permute(0, 2, 1, 3, 4)
+    return _swizzle_chunks(t).contiguous().view(FP8).view(N // BLOCK, K // BLOCK, BLOCK, BLOCK)
+
+
+def unpack_weight(wp: torch.Tensor) -> torch.Tensor:
+    """Inverse of pack_weight: [N/128, K/128, 128, 128] -> [N, K]."""
+    NB, KB = wp.shape[:2]
+    t = _swizzle_chunks(wp.view(torch.uint8).view(NB, KB, BLOCK, 8, 16))
+    return t.permute(0, 2, 1, 3, 4).contiguous().view(FP8).view(NB * BLOCK, KB * BLOCK)
+
+
 def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
-    """Block-scaled product -> bf16 [M, N]: per 128-wide K block, an exact FP32 sum scaled by sw * sx."""
+    """Block-scaled product -> bf16 [M, N]: per 128-wide K block, an exact FP32 sum scaled by sw * sx. wq is [N, K]
+    or packed (pack_weight)."""
+    if wq.dim() == 4:
+        wq = unpack_weight(wq)
     M, K = xq.shape
     N = wq.shape[0]
     KB = K // BLOCK
@@ -68,7 +97,8 @@ def fp8_linear(x: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor) -> torch.Ten
     """x [..., K] bf16 -> [..., N] bf16 through 1x128 activation quantization and the block-scaled GEMM."""
     lead = x.shape[:-1]
     xq, sx = quantize_1x128(x.reshape(-1, x.shape[-1]))
-    return fp8_gemm(xq, sx, wq, sw).view(*lead, wq.shape[0])
+    y = fp8_gemm(xq, sx, wq, sw)
+    return y.view(*lead, y.shape[-1])
 
 
 def decode_attention(

@@ -7,7 +7,9 @@ GEMM kernel reads. Embeddings, norms and the output heads stay in the checkpoint
 `"quantization": {"method": "fp8_block", "block": [128, 128]}`.
 
 At run time the MLP fuses w1 and w3 into one [2I, K] weight (the 128-row blocks line up when I % 128 == 0), so one
-GEMM produces [gate | up] and the fused SwiGLU-quantize kernel feeds the down projection.
+GEMM produces [gate | up] and the fused SwiGLU-quantize kernel feeds the down projection. On GPUs that run the wgmma
+GEMM (sm_90a) every FP8 weight is then repacked once into the tile layout that kernel streams
+(`kernels.pack_weight`: [N/128, K/128, 128, 128], same bytes, reordered); the file keeps [N, K].
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ class FP8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return kernels.fp8_linear(x.to(torch.bfloat16), self.weight, self.weight_scale).to(x.dtype)
 
+    def pack(self) -> None:
+        """Repack the weight for the wgmma GEMM where this device runs it (once, after loading)."""
+        w = self.weight.data
+        if w.dim() == 2 and kernels.packs_weights(w.device):
+            self.weight = nn.Parameter(kernels.pack_weight(w), requires_grad=False)
+
 
 class FP8FeedForward(nn.Module):
     """SwiGLU MLP on FP8 weights: fused gate/up GEMM -> SwiGLU + 1x128 quantize -> down GEMM."""
@@ -58,13 +66,21 @@ class FP8FeedForward(nn.Module):
         self.gate_up_scale: torch.Tensor | None = None
 
     def fuse(self) -> None:
-        """Concatenate w1 and w3 (and their block scales) into one weight; w1/w3 become views into it."""
+        """Concatenate w1 and w3 (and their block scales) into one weight, packed where the device runs the wgmma
+        GEMM; w1/w3 become views into it (a packed weight's leading axis is 128-row tiles, so they stay packed)."""
         hidden = self.w1.out_features
-        if hidden % 128:
-            return  # block rows would straddle the seam: keep two GEMMs
-        self.gate_up = torch.cat([self.w1.weight.data, self.w3.weight.data])
+        if hidden % 128:  # block rows would straddle the seam: keep two GEMMs
+            for lin in (self.w1, self.w3, self.w2):
+                lin.pack()
+            return
+        gate_up = torch.cat([self.w1.weight.data, self.w3.weight.data])
+        if kernels.packs_weights(gate_up.device):
+            gate_up = kernels.pack_weight(gate_up)
+            hidden //= 128
+        self.gate_up = gate_up
         self.gate_up_scale = torch.cat([self.w1.weight_scale.data, self.w3.weight_scale.data])
         self.w1.weight.data, self.w3.weight.data = self.gate_up[:hidden], self.gate_up[hidden:]
+        self.w2.pack()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -110,9 +126,12 @@ def convert_to_fp8(model: nn.Module) -> None:
 
 
 def finish_fp8(model: nn.Module) -> None:
-    for m in model.modules():
+    """After loading: fuse each MLP's gate/up and pack every FP8 weight for the device's GEMM kernel."""
+    for m in list(model.modules()):
         if isinstance(m, FP8FeedForward):
             m.fuse()
+        elif isinstance(m, FP8Linear):  # after its MLP (modules() is pre-order): fused weights are already packed
+            m.pack()
 
 
 def quantize_checkpoint(src: str | Path, dst: str | Path, progress: bool = True) -> Path:
@@ -186,6 +205,7 @@ def quantize_model_(model: nn.Module) -> None:
         else:
             assert isinstance(fp8, FP8Linear) and isinstance(child, nn.Linear)
             _fill(fp8, child.weight.data)
+            fp8.pack()
         setattr(parent, attr, fp8)
 
 
