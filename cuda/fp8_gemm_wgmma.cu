@@ -99,42 +99,52 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
     const unsigned w_base = smem_u32(smem);                     // [STAGES][16 KB] weight stages
     const unsigned b_base = w_base + STAGES * TILE_BYTES;       // [nb][NT x 128] token blocks
     float* s_x = reinterpret_cast<float*>(smem + STAGES * TILE_BYTES + nb * B_BYTES);  // [nb][NT] token scales
-    const unsigned full0 = (smem_u32(s_x + nb * NT) + 7u) & ~7u;  // mbarriers full[STAGES], empty[STAGES]
+    float* s_w = s_x + nb * NT;  // [iters] weight scales: iteration j's is sw[it0 + j] (sw is [tiles][KB])
+    const unsigned full0 = (smem_u32(s_w + iters) + 7u) & ~7u;  // mbarriers full[STAGES], empty[STAGES]
     const unsigned empty0 = full0 + 8 * STAGES;
 
+    // Prologue, before the one CTA-wide barrier: the producer initializes the stage barriers and issues the first
+    // STAGES weight copies; the consumers issue their weight-scale and token copies. Nothing waits on a round trip.
+    const fp8_t* src = wp + it0 * TILE_BYTES;
     if (tid == CONSUMERS) {
         for (int s = 0; s < STAGES; ++s) {
-            mbar_init(full0 + 8 * s, 1);   // the producer's arrive (plus the copy's bytes)
+            mbar_init(full0 + 8 * s, 1);                // the producer's arrive (plus the copy's bytes)
             mbar_init(empty0 + 8 * s, CONSUMERS / 32);  // one arrive per consumer warp
         }
         fence_proxy_async();  // the inits are visible to the TMA engine (async proxy)
+        for (int j = 0; j < STAGES && j < iters; ++j) {
+            mbar_arrive_expect_tx(full0 + 8 * j, TILE_BYTES);
+            bulk_copy_g2s(w_base + j * TILE_BYTES, src + (i64)j * TILE_BYTES, TILE_BYTES, full0 + 8 * j);
+        }
+    } else if (tid < CONSUMERS) {
+        // Weight scales join the first group: read per iteration from global memory, their latency (they are as
+        // cold as the weights) would serialize the loop. Then the tokens, one cp.async group per K block in
+        // first-use order (zero fill past M).
+        for (int i = tid; i < iters; i += CONSUMERS) cp_async4(smem_u32(s_w + i), sw + it0 + i, true);
+        for (int b = 0; b < nb; ++b) {
+            const int kb = kb0 + b < KB ? kb0 + b : kb0 + b - KB;
+            const unsigned sb = b_base + b * B_BYTES;
+            const int ch = tid & 7;  // 16-byte chunk of the 128-byte row
+            for (int r = tid >> 3; r < NT; r += CONSUMERS / 8) {
+                const bool ok = r < M;
+                cp_async16(sb + sw128_offset(r, ch), x + (i64)(ok ? r : 0) * K + kb * 128 + ch * 16, ok);
+            }
+            if (tid < NT) cp_async4(smem_u32(s_x + b * NT + tid), sx + (i64)kb * Mp + (tid < M ? tid : 0), tid < M);
+            cp_async_commit();
+        }
     }
-    __syncthreads();
+    __syncthreads();  // barriers initialized
 
-    if (tid >= CONSUMERS) {  // ---- producer warp: one thread streams the weights
+    if (tid >= CONSUMERS) {  // ---- producer warp: one thread streams the rest of the weights
         if (tid == CONSUMERS) {
-            const fp8_t* src = wp + it0 * TILE_BYTES;
-            for (int j = 0; j < iters; ++j) {
+            for (int j = STAGES; j < iters; ++j) {
                 const int s = j % STAGES;
-                if (j >= STAGES) mbar_wait(empty0 + 8 * s, ((j / STAGES) - 1) & 1);  // every consumer warp released it
+                mbar_wait(empty0 + 8 * s, ((j / STAGES) - 1) & 1);  // every consumer warp released it
                 mbar_arrive_expect_tx(full0 + 8 * s, TILE_BYTES);
                 bulk_copy_g2s(w_base + s * TILE_BYTES, src + (i64)j * TILE_BYTES, TILE_BYTES, full0 + 8 * s);
             }
         }
         return;  // the copies complete on their own; the consumers keep the CTA alive
-    }
-
-    // ---- consumers: tokens first, one cp.async group per K block (zero fill past M)
-    for (int b = 0; b < nb; ++b) {
-        const int kb = kb0 + b < KB ? kb0 + b : kb0 + b - KB;
-        const unsigned sb = b_base + b * B_BYTES;
-        const int ch = tid & 7;  // 16-byte chunk of the 128-byte row
-        for (int r = tid >> 3; r < NT; r += CONSUMERS / 8) {
-            const bool ok = r < M;
-            cp_async16(sb + sw128_offset(r, ch), x + (i64)(ok ? r : 0) * K + kb * 128 + ch * 16, ok);
-        }
-        if (tid < NT) cp_async4(smem_u32(s_x + b * NT + tid), sx + (i64)kb * Mp + (tid < M ? tid : 0), tid < M);
-        cp_async_commit();
     }
 
     float total[R], acc[ACCS][R];
@@ -151,7 +161,6 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
     int shared_tiles[2], n_shared = 0;  // tiles this CTA only partly covers (its first and/or last)
     for (int j = 0; j < iters; ++j) {
         const int s = j % STAGES;
-        const float swv = __ldg(sw + (i64)tile * KB + kb);  // issued before the waits
         if (j < nb) {  // first use of token block j: wait for its copies (every consumer's)
             cp_async_wait_upto(nb - 1 - j);
             fence_proxy_async();
@@ -169,7 +178,7 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
         for (int q = 0; q < ACCS; ++q) fence_regs(acc[q]);
         if (lane == 0) mbar_arrive(empty0 + 8 * s);  // this warp's share of the MMAs is done reading the stage
 
-        const float* sxb = s_x + slot * NT;
+        const float swv = s_w[j], *sxb = s_x + slot * NT;
 #pragma unroll
         for (int i = 0; i < NT / 8; ++i) {
             const int col = 8 * i + 2 * (lane & 3);
@@ -204,23 +213,29 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
     }
     if (n_shared == 0) return;  // uniform across the consumers
 
-    // Settle shared tiles: publish this CTA's partials (one fence, after the stream), count arrivals per tile, and
-    // let the last arrival sum every share in CTA order and reset the counter.
-    __threadfence();
+    // Settle shared tiles: count arrivals per tile with acquire-release atomics (the release publishes this CTA's
+    // partials, stored before the barrier; the acquire makes the other shares visible to the last arrival), both
+    // tiles' atomics in flight at once, and let the last arrival sum every share in CTA order and reset the counter.
     named_barrier(BAR_CONSUMERS, CONSUMERS);
     if (tid == 0) {
-        int last = 0;
-        for (int i = 0; i < n_shared; ++i) {
-            const int st = shared_tiles[i];
-            const int c_lo = unit_owner((i64)st * KB, T, C), c_hi = unit_owner((i64)st * KB + KB - 1, T, C);
-            if (atomicAdd(&counters[st], 1) == c_hi - c_lo) last |= 1 << i;
+        int old[2], want[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            if (i < n_shared) {
+                const int st = shared_tiles[i];
+                want[i] = unit_owner((i64)st * KB + KB - 1, T, C) - unit_owner((i64)st * KB, T, C);
+                old[i] = atomic_add_acq_rel(&counters[st], 1);
+            }
         }
+        int last = 0;
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+            if (i < n_shared && old[i] == want[i]) last |= 1 << i;
         s_last = last;
     }
     named_barrier(BAR_CONSUMERS, CONSUMERS);
     for (int i = 0; i < n_shared; ++i) {
         if (!(s_last >> i & 1)) continue;
-        __threadfence();
         const int st = shared_tiles[i];
         const int c_lo = unit_owner((i64)st * KB, T, C), c_hi = unit_owner((i64)st * KB + KB - 1, T, C);
         float* sum = acc[0];

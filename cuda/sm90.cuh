@@ -82,6 +82,13 @@ __device__ __forceinline__ void bulk_copy_g2s(unsigned dst, const void* src, uns
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
+// GPU-scope atomic add with acquire-release semantics; returns the old value.
+__device__ __forceinline__ int atomic_add_acq_rel(int* p, int v) {
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
 // Barrier over the first `threads` threads of the CTA only (id 0 is __syncthreads).
 __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");

@@ -161,7 +161,8 @@ def test_wgmma_plan_fits_the_gpu() -> None:
             assert smem <= 227 * 1024 - 64
             T = N // 128 * (K // 128)
             assert 1 <= grid <= T  # every CTA gets at least one iteration
-            assert smem >= kernels.wgmma_smem_bytes(nt, min(K // 128, math.ceil(T / grid)), stages)  # tokens fit
+            iters = math.ceil(T / grid)
+            assert smem >= kernels.wgmma_smem_bytes(nt, min(K // 128, iters), stages, iters)  # tokens and scales fit
 
 
 @GPU

@@ -103,10 +103,10 @@ def _wgmma_instance(nt: int) -> str:
 _WGMMA_INSTANCES = tuple(_wgmma_instance(nt) for nt in _WGMMA_NT)
 
 
-def wgmma_smem_bytes(nt: int, blocks: int, stages: int) -> int:
+def wgmma_smem_bytes(nt: int, blocks: int, stages: int, iters: int) -> int:
     """Dynamic shared memory of one CTA: `stages` 16 KB weight stages, `blocks` K blocks of NT tokens (bytes and
-    scales), two mbarriers per stage, 1 KB of alignment slack."""
-    return 1024 + stages * _TILE_BYTES + blocks * nt * (128 + 4) + 16 * stages + 8
+    scales), the weight scales of its `iters` iterations, two mbarriers per stage, 1 KB of alignment slack."""
+    return 1024 + stages * _TILE_BYTES + blocks * nt * (128 + 4) + 4 * iters + 16 * stages + 8
 
 
 def _index(device: torch.device) -> int:
@@ -138,18 +138,19 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) -> t
     T = (N // _TILE_ROWS) * KB
     grid = min(T, sms)
 
-    def fit(grid: int) -> tuple[int, int]:
-        blocks = min(KB, math.ceil(T / grid))
-        room = _SMEM_LIMIT - wgmma_smem_bytes(nt, blocks, 0)
-        return blocks, min(_MAX_STAGES, room // (_TILE_BYTES + 16))
+    def fit(grid: int) -> tuple[int, int, int]:
+        iters = math.ceil(T / grid)
+        blocks = min(KB, iters)
+        room = _SMEM_LIMIT - wgmma_smem_bytes(nt, blocks, 0, iters)
+        return blocks, iters, min(_MAX_STAGES, room // (_TILE_BYTES + 16))
 
-    blocks, st = fit(grid)
+    blocks, iters, st = fit(grid)
     while st < _MIN_STAGES and grid < T:
         grid = min(T, grid + max(1, sms // 4))
-        blocks, st = fit(grid)
+        blocks, iters, st = fit(grid)
     if stages is not None:
         st = min(st, stages)
-    return nt, st, grid, wgmma_smem_bytes(nt, blocks, st)
+    return nt, st, grid, wgmma_smem_bytes(nt, blocks, st, iters)
 
 
 @dataclasses.dataclass
