@@ -105,6 +105,9 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
 
     // Prologue, before the one CTA-wide barrier: the producer initializes the stage barriers and issues the first
     // STAGES weight copies; the consumers issue their weight-scale and token copies. Nothing waits on a round trip.
+    // Launched with PDL (kernels.launch), this runs while the previous kernel on the stream finishes: weights and
+    // their scales are constants, so only the token reads and every global write wait for it (pdl_wait).
+    pdl_launch_dependents();
     const fp8_t* src = wp + it0 * TILE_BYTES;
     if (tid == CONSUMERS) {
         for (int s = 0; s < STAGES; ++s) {
@@ -121,6 +124,7 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
         // cold as the weights) would serialize the loop. Then the tokens, one cp.async group per K block in
         // first-use order (zero fill past M).
         for (int i = tid; i < iters; i += CONSUMERS) cp_async4(smem_u32(s_w + i), sw + it0 + i, true);
+        pdl_wait();  // tokens come from the previous kernel
         for (int b = 0; b < nb; ++b) {
             const int kb = kb0 + b < KB ? kb0 + b : kb0 + b - KB;
             const unsigned sb = b_base + b * B_BYTES;
@@ -238,15 +242,26 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
         if (!(s_last >> i & 1)) continue;
         const int st = shared_tiles[i];
         const int c_lo = unit_owner((i64)st * KB, T, C), c_hi = unit_owner((i64)st * KB + KB - 1, T, C);
-        float* sum = acc[0];
+        // Up to four shares' loads in flight at once (a share is one L2 round trip), summed in CTA order.
+        float* sum = total;
 #pragma unroll
         for (int r = 0; r < R; ++r) sum[r] = 0.f;
-        for (int cc = c_lo; cc <= c_hi; ++cc) {
-            const float* q = ws + partial_slot(cc, st, T, C, KB) * (TILE_ROWS * NT);
+        for (int c0 = c_lo; c0 <= c_hi; c0 += ACCS) {
 #pragma unroll
-            for (int r = 0; r < R; ++r) sum[r] += __ldcg(q + r * CONSUMERS + tid);
+            for (int u = 0; u < ACCS; ++u) {
+                if (c0 + u > c_hi) break;
+                const float* q = ws + partial_slot(c0 + u, st, T, C, KB) * (TILE_ROWS * NT);
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[u][r] = __ldcg(q + r * CONSUMERS + tid);
+            }
+#pragma unroll
+            for (int u = 0; u < ACCS; ++u) {
+                if (c0 + u > c_hi) break;
+#pragma unroll
+                for (int r = 0; r < R; ++r) sum[r] += acc[u][r];
+            }
         }
-        store_tile<NT>(acc[0], y, st * TILE_ROWS + 64 * wg, M, N);
+        store_tile<NT>(total, y, st * TILE_ROWS + 64 * wg, M, N);
         if (tid == 0) counters[st] = 0;  // ready for the next launch (graph replays included)
     }
 }

@@ -82,6 +82,11 @@ __device__ __forceinline__ void bulk_copy_g2s(unsigned dst, const void* src, uns
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
+// Programmatic dependent launch (PDL): let the next kernel on the stream start launching now; wait until the
+// kernels before this one have completed and their writes are visible (a no-op when launched without PDL).
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // GPU-scope atomic add with acquire-release semantics; returns the old value.
 __device__ __forceinline__ int atomic_add_acq_rel(int* p, int v) {
     int old;

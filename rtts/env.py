@@ -15,8 +15,14 @@ def reference_kernels() -> bool:
 
 
 def legacy_gemm() -> bool:
-    """RTTS_MMA_GEMM=1: run the FP8 GEMM through the mma.sync kernel even on Hopper (comparison, bisection)."""
+    """RTTS_MMA_GEMM=1: run the FP8 GEMM through the mma.sync kernel even on Hopper (comparison, bisection); packed
+    weights are unpacked per call then (correct, slow)."""
     return _flag("RTTS_MMA_GEMM")
+
+
+def no_pdl() -> bool:
+    """RTTS_NO_PDL=1: launch the GEMM without programmatic dependent launch (comparison, bisection)."""
+    return _flag("RTTS_NO_PDL")
 
 
 def kernel_cache_dir() -> str | None:

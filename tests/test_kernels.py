@@ -214,6 +214,40 @@ def test_fp8_gemm_stream_k_is_deterministic_and_resets(stages: int) -> None:
 
 
 @GPU
+def test_fp8_gemm_pdl_chain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GEMMs launched with programmatic dependent launch start while the previous kernel finishes: a chain where
+    each GEMM reads the previous one's output (through the quantize kernel) gives the same bits with and without
+    PDL, eagerly and replayed from a CUDA graph."""
+    if not kernels._use_wgmma(torch.device("cuda")):
+        pytest.skip("no wgmma on this GPU")
+    ws = [ref.quantize_weight(_x(2560, 2560, scale=0.03, seed=20 + i, device="cuda")) for i in range(6)]
+    ws = [(kernels.pack_weight(q), s) for q, s in ws]
+    x0 = _x(3, 2560, seed=30, device="cuda")
+
+    def chain() -> torch.Tensor:
+        h = x0
+        for wp, sw in ws:
+            h = kernels.fp8_linear(h, wp, sw)
+        return h
+
+    monkeypatch.setenv("RTTS_NO_PDL", "1")
+    plain = chain()
+    monkeypatch.delenv("RTTS_NO_PDL")
+    assert torch.equal(chain(), plain)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        chain()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            out = chain()
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(3):
+        g.replay()
+        assert torch.equal(out, plain)
+
+
+@GPU
 @pytest.mark.parametrize("B,L", [(1, 1), (1, 700), (16, 2048), (64, 2048), (3, 130)])
 @pytest.mark.parametrize("n_kv,G,D", [(8, 4, 128), (8, 2, 64), (2, 1, 128)])
 def test_decode_attention_kernel(B: int, L: int, n_kv: int, G: int, D: int) -> None:

@@ -260,7 +260,8 @@ def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wp: torch.Tensor, sw: to
     _jit.set_dynamic_smem(fn, smem)
     _jit.launch(fn, (grid,), (_WGMMA_THREADS,), (xq.data_ptr(), sx.data_ptr(), wp.data_ptr(), sw.data_ptr(),
                                                  y.data_ptr(), sk.partials.data_ptr(), sk.counters.data_ptr(), _i32(M),
-                                                 _i32(N), _i32(K), _i32(pad4(M)), _i32(st)), shared_mem=smem)
+                                                 _i32(N), _i32(K), _i32(pad4(M)), _i32(st)), shared_mem=smem,
+                pdl=True)
     return y
 
 

@@ -8,16 +8,21 @@
 - Modules are compiled once per process (functools.cache, keyed by the source hash, NVRTC version and options) and
   must be loaded before any CUDA-graph capture: `warmup()` does that.
 - Launches read `torch.cuda.current_stream()` at every call (inside graph capture that is the capture stream).
+- `launch(..., pdl=True)` launches through the driver's cuLaunchKernelEx (ctypes; CuPy has no such call) with
+  programmatic stream serialization, so the kernel may start while the previous one on the stream finishes; the
+  kernel itself must `griddepcontrol.wait` before touching anything that kernel wrote (CUDA graphs keep the edge).
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from rtts import env
@@ -133,11 +138,67 @@ def _external_stream(ptr: int) -> Any:
         return _cupy().cuda.ExternalStream(ptr)
 
 
-def launch(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int = 0) -> None:
+def launch(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int = 0,
+           pdl: bool = False) -> None:
     """Launch on torch's current stream (read now: inside a graph capture it is the capture stream).
 
     Pointer arguments are passed as Python ints (tensor.data_ptr(), 8 bytes); 32-bit ints and floats must be numpy
-    scalars (np.int32 / np.float32) so they have the kernel's parameter size.
+    scalars (np.int32 / np.float32) so they have the kernel's parameter size. `pdl`: programmatic dependent launch
+    where the driver has it (module docstring).
     """
+    if pdl and pdl_available():
+        _launch_pdl(fn, grid, block, args, shared_mem)
+        return
     with _external_stream(torch.cuda.current_stream().cuda_stream):
         fn(grid, block, args, shared_mem=shared_mem)
+
+
+class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, 4 bytes of padding, a 64-byte value union
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+@functools.cache
+def _launch_kernel_ex() -> Any:
+    """The driver's cuLaunchKernelEx, or None where the driver lacks it (then launches are plain)."""
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return fn
+
+
+def _c_arg(a: Any) -> ctypes._SimpleCData:
+    if isinstance(a, np.int32):
+        return ctypes.c_int32(int(a))
+    if isinstance(a, np.float32):
+        return ctypes.c_float(float(a))
+    if isinstance(a, int):  # a device pointer
+        return ctypes.c_uint64(a)
+    raise TypeError(f"unsupported kernel argument {a!r}")
+
+
+def pdl_available() -> bool:
+    return not env.no_pdl() and _launch_kernel_ex() is not None
+
+
+def _launch_pdl(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int) -> None:
+    vals = [_c_arg(a) for a in args]
+    params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
+    attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value[0] = 1  # programmaticStreamSerializationAllowed
+    g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
+    cfg = _LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), shared_mem,
+                        torch.cuda.current_stream().cuda_stream, ctypes.pointer(attr), 1)
+    rc = _launch_kernel_ex()(ctypes.byref(cfg), fn.kernel.ptr, params, None)
+    if rc != 0:
+        raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {rc}")
