@@ -69,6 +69,43 @@ __device__ __forceinline__ void store_tile(const float (&v)[NT / 2], bf16_t* __r
     }
 }
 
+// Sum the shares of tile t in CTA order (so every path gives the same bits), up to ACCS shares' loads in flight,
+// this CTA's own share from registers unless it is already parked in ws; store y and reset the tile's counter.
+template <int NT, int ACCS>
+__device__ __forceinline__ void settle_tile(const float (&own)[NT / 2], bool own_parked, float (&buf)[ACCS][NT / 2],
+                                            const float* __restrict__ ws, int* __restrict__ counters,
+                                            bf16_t* __restrict__ y, int c, int t, i64 T, int C, int KB, int M, int N) {
+    constexpr int R = NT / 2;
+    const int tid = threadIdx.x;
+    const int c_lo = unit_owner((i64)t * KB, T, C), c_hi = unit_owner((i64)t * KB + KB - 1, T, C);
+    float sum[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) sum[r] = 0.f;
+    for (int c0 = c_lo; c0 <= c_hi; c0 += ACCS) {
+#pragma unroll
+        for (int u = 0; u < ACCS; ++u) {
+            const int cc = c0 + u;
+            if (cc > c_hi) break;
+            if (cc == c && !own_parked) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) buf[u][r] = own[r];
+            } else {
+                const float* q = ws + partial_slot(cc, t, T, C, KB) * (TILE_ROWS * NT);
+#pragma unroll
+                for (int r = 0; r < R; ++r) buf[u][r] = __ldcg(q + r * CONSUMERS + tid);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ACCS; ++u) {
+            if (c0 + u > c_hi) break;
+#pragma unroll
+            for (int r = 0; r < R; ++r) sum[r] += buf[u][r];
+        }
+    }
+    store_tile<NT>(sum, y, t * TILE_ROWS + 64 * (tid >> 7), M, N);
+    if (tid == 0) counters[t] = 0;  // ready for the next launch (graph replays included)
+}
+
 // STAGES (runtime): weight blocks in flight per CTA, sized by the host from the shared memory the tokens leave.
 template <int NT>
 __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __restrict__ x, const float* __restrict__ sx,
@@ -162,7 +199,6 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
     const int wg = tid >> 7;
     int tile = (int)(it0 / KB), kb = kb0, slot = 0;
     bool whole = kb == 0;               // the segment being accumulated started at the tile's first K block
-    int shared_tiles[2], n_shared = 0;  // tiles this CTA only partly covers (its first and/or last)
     for (int j = 0; j < iters; ++j) {
         const int s = j % STAGES;
         if (j < nb) {  // first use of token block j: wait for its copies (every consumer's)
@@ -197,13 +233,32 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
         }
 
         if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`
+            const bool last_segment = j == iters - 1;
             if (whole && kb == KB - 1) {
                 store_tile<NT>(total, y, tile * TILE_ROWS + 64 * wg, M, N);
-            } else {  // a shared tile: park the partial sum; tiles are settled once, after the loop
-                float* p = ws + partial_slot(c, tile, T, C, KB) * (TILE_ROWS * NT);
+            } else {
+                // A shared tile. Its other shares were (for this CTA's last tile, almost always) computed at the
+                // start of the next CTAs' ranges, long ago: if they are all in, sum them with this share from
+                // registers (fast path: one acquire load, no parking, no release). Otherwise park this share and
+                // count it in; the last to arrive sums. The first tile's share is published mid-range, while the
+                // ring keeps the weights coming.
+                const int want = unit_owner((i64)tile * KB + KB - 1, T, C) - unit_owner((i64)tile * KB, T, C);
+                bool parked = false;
+                if (last_segment) {
+                    if (tid == 0) s_last = load_acquire(&counters[tile]) == want;
+                    named_barrier(BAR_CONSUMERS, CONSUMERS);
+                }
+                if (!last_segment || !s_last) {
+                    float* p = ws + partial_slot(c, tile, T, C, KB) * (TILE_ROWS * NT);
 #pragma unroll
-                for (int r = 0; r < R; ++r) p[r * CONSUMERS + tid] = total[r];  // [register][thread]: coalesced
-                shared_tiles[n_shared++] = tile;
+                    for (int r = 0; r < R; ++r) p[r * CONSUMERS + tid] = total[r];  // [register][thread]: coalesced
+                    parked = true;
+                    named_barrier(BAR_CONSUMERS, CONSUMERS);  // every share stored before the release below
+                    if (tid == 0) s_last = atomic_add_acq_rel(&counters[tile], 1) == want;
+                    named_barrier(BAR_CONSUMERS, CONSUMERS);
+                }
+                if (s_last) settle_tile<NT, ACCS>(total, parked, acc, ws, counters, y, c, tile, T, C, KB, M, N);
+                if (!last_segment) named_barrier(BAR_CONSUMERS, CONSUMERS);  // s_last is read before reuse
             }
 #pragma unroll
             for (int r = 0; r < R; ++r) total[r] = 0.f;
@@ -214,54 +269,5 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
             ++tile;
         }
         if (++slot == KB) slot = 0;
-    }
-    if (n_shared == 0) return;  // uniform across the consumers
-
-    // Settle shared tiles: count arrivals per tile with acquire-release atomics (the release publishes this CTA's
-    // partials, stored before the barrier; the acquire makes the other shares visible to the last arrival), both
-    // tiles' atomics in flight at once, and let the last arrival sum every share in CTA order and reset the counter.
-    named_barrier(BAR_CONSUMERS, CONSUMERS);
-    if (tid == 0) {
-        int old[2], want[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            if (i < n_shared) {
-                const int st = shared_tiles[i];
-                want[i] = unit_owner((i64)st * KB + KB - 1, T, C) - unit_owner((i64)st * KB, T, C);
-                old[i] = atomic_add_acq_rel(&counters[st], 1);
-            }
-        }
-        int last = 0;
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-            if (i < n_shared && old[i] == want[i]) last |= 1 << i;
-        s_last = last;
-    }
-    named_barrier(BAR_CONSUMERS, CONSUMERS);
-    for (int i = 0; i < n_shared; ++i) {
-        if (!(s_last >> i & 1)) continue;
-        const int st = shared_tiles[i];
-        const int c_lo = unit_owner((i64)st * KB, T, C), c_hi = unit_owner((i64)st * KB + KB - 1, T, C);
-        // Up to four shares' loads in flight at once (a share is one L2 round trip), summed in CTA order.
-        float* sum = total;
-#pragma unroll
-        for (int r = 0; r < R; ++r) sum[r] = 0.f;
-        for (int c0 = c_lo; c0 <= c_hi; c0 += ACCS) {
-#pragma unroll
-            for (int u = 0; u < ACCS; ++u) {
-                if (c0 + u > c_hi) break;
-                const float* q = ws + partial_slot(c0 + u, st, T, C, KB) * (TILE_ROWS * NT);
-#pragma unroll
-                for (int r = 0; r < R; ++r) acc[u][r] = __ldcg(q + r * CONSUMERS + tid);
-            }
-#pragma unroll
-            for (int u = 0; u < ACCS; ++u) {
-                if (c0 + u > c_hi) break;
-#pragma unroll
-                for (int r = 0; r < R; ++r) sum[r] += acc[u][r];
-            }
-        }
-        store_tile<NT>(total, y, st * TILE_ROWS + 64 * wg, M, N);
-        if (tid == 0) counters[st] = 0;  // ready for the next launch (graph replays included)
     }
 }

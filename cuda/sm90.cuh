@@ -94,6 +94,12 @@ __device__ __forceinline__ int atomic_add_acq_rel(int* p, int v) {
     return old;
 }
 
+__device__ __forceinline__ int load_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 // Barrier over the first `threads` threads of the CTA only (id 0 is __syncthreads).
 __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
