@@ -15,24 +15,30 @@
 //     issues one 16 KB bulk copy (TMA engine) of the packed block that completes on full[s]. Packed blocks are in
 //     iteration order, so a CTA's weights are one contiguous stream.
 //   - warps 0-7 (two consumer warpgroups, 64 rows each): wait on full[s], four m64nNTk32 wgmmas from shared memory,
-//     release the stage (empty[s], one arrive per warp once its wgmma wait returns), promote in FP32: total += acc * sw * sx (per 128-K block, so FP8 rounding never
-//     accumulates across blocks). No CTA-wide barrier per iteration: only the two mbarriers of the stage.
+//     release the stage (empty[s], one arrive per warp once its wgmma wait returns), promote in FP32:
+//     total += acc * sw * sx (per 128-K block, so FP8 rounding never accumulates across blocks). No CTA-wide barrier
+//     per iteration: only the two mbarriers of the stage.
 //
-// Tokens: every K block this CTA needs is copied once into 128-byte-swizzled shared memory at the start (cp.async, one
-// group per block in first-use order); an iteration waits only for the block it uses the first time.
+// Tokens and weight scales: every K block of tokens this CTA needs, and the scale of each of its iterations, is copied
+// once into shared memory at the start (cp.async, one group per token block in first-use order); an iteration waits
+// only for the block it uses the first time.
 //
 // Stream-K: the grid is persistent (one CTA per SM) and CTA c takes the contiguous iteration range
 // [c*T/C, (c+1)*T/C) of the T = tiles * K/128 iterations in tile-major order, so every CTA streams the same number of
-// weight bytes whatever the shape (no wave quantization, no separate split-K launch for narrow N). A tile covered
-// by one CTA is written straight to y; a tile shared by several writes FP32 partials, and the last to arrive (a
-// per-tile counter) sums them in CTA order (deterministic) and resets the counter, so graph replays need no memset.
+// weight bytes whatever the shape (no wave quantization, no separate split-K launch for narrow N). A tile covered by
+// one CTA is written straight to y. A tile shared by several is summed by exactly one of them, in CTA order (the same
+// bits whoever sums), from FP32 shares parked in a per-stream workspace and a per-tile arrival counter that the
+// summing CTA resets (graph replays need no memset); see the end of the main loop for the fast path.
+//
+// PDL: launched with programmatic stream serialization, the prologue (barrier setup, the first weight copies) runs
+// while the previous kernel finishes; token reads and all global writes come after griddepcontrol.wait.
 #include "sm90.cuh"
 
-#define TILE_ROWS 128         // weight rows per iteration: one 128x128 scale block, 64 per consumer warpgroup
-#define TILE_BYTES 16384      // one packed block
-#define CONSUMERS 256         // two warpgroups
+#define TILE_ROWS 128     // weight rows per iteration: one 128x128 scale block, 64 per consumer warpgroup
+#define TILE_BYTES 16384  // one packed block
+#define CONSUMERS 256     // two warpgroups
 #define THREADS (CONSUMERS + 32)
-#define BAR_CONSUMERS 1       // named barrier over the consumer threads
+#define BAR_CONSUMERS 1   // named barrier over the consumer threads
 
 __device__ __forceinline__ i64 unit_begin(int c, i64 T, int C) { return (i64)c * T / C; }
 
@@ -106,13 +112,13 @@ __device__ __forceinline__ void settle_tile(const float (&own)[NT / 2], bool own
     if (tid == 0) counters[t] = 0;  // ready for the next launch (graph replays included)
 }
 
-// STAGES (runtime): weight blocks in flight per CTA, sized by the host from the shared memory the tokens leave.
+// stages: weight blocks in flight per CTA, sized by the host from the shared memory the tokens leave.
 template <int NT>
 __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __restrict__ x, const float* __restrict__ sx,
                                                             const fp8_t* __restrict__ wp, const float* __restrict__ sw,
                                                             bf16_t* __restrict__ y, float* __restrict__ ws,
                                                             int* __restrict__ counters, int M, int N, int K, int Mp,
-                                                            int STAGES) {
+                                                            int stages) {
     constexpr int B_BYTES = NT * 128;  // one K block of tokens
     constexpr int R = NT / 2;          // accumulator registers per thread
     // FP8 wgmma accumulates with reduced precision (about 14 mantissa bits, not FP32), so the four k32 MMAs of a
@@ -133,26 +139,26 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
     const int iters = (int)(unit_begin(c + 1, T, C) - it0);
     const int nb = min(KB, iters);  // distinct K blocks this CTA visits: slot b holds block (kb0 + b) % KB
     const int kb0 = (int)(it0 % KB);
-    const unsigned w_base = smem_u32(smem);                     // [STAGES][16 KB] weight stages
-    const unsigned b_base = w_base + STAGES * TILE_BYTES;       // [nb][NT x 128] token blocks
-    float* s_x = reinterpret_cast<float*>(smem + STAGES * TILE_BYTES + nb * B_BYTES);  // [nb][NT] token scales
+    const unsigned w_base = smem_u32(smem);                     // [stages][16 KB] weight stages
+    const unsigned b_base = w_base + stages * TILE_BYTES;       // [nb][NT x 128] token blocks
+    float* s_x = reinterpret_cast<float*>(smem + stages * TILE_BYTES + nb * B_BYTES);  // [nb][NT] token scales
     float* s_w = s_x + nb * NT;  // [iters] weight scales: iteration j's is sw[it0 + j] (sw is [tiles][KB])
-    const unsigned full0 = (smem_u32(s_w + iters) + 7u) & ~7u;  // mbarriers full[STAGES], empty[STAGES]
-    const unsigned empty0 = full0 + 8 * STAGES;
+    const unsigned full0 = (smem_u32(s_w + iters) + 7u) & ~7u;  // mbarriers full[stages], empty[stages]
+    const unsigned empty0 = full0 + 8 * stages;
 
     // Prologue, before the one CTA-wide barrier: the producer initializes the stage barriers and issues the first
-    // STAGES weight copies; the consumers issue their weight-scale and token copies. Nothing waits on a round trip.
+    // stages weight copies; the consumers issue their weight-scale and token copies. Nothing waits on a round trip.
     // Launched with PDL (kernels.launch), this runs while the previous kernel on the stream finishes: weights and
     // their scales are constants, so only the token reads and every global write wait for it (pdl_wait).
     pdl_launch_dependents();
     const fp8_t* src = wp + it0 * TILE_BYTES;
     if (tid == CONSUMERS) {
-        for (int s = 0; s < STAGES; ++s) {
+        for (int s = 0; s < stages; ++s) {
             mbar_init(full0 + 8 * s, 1);                // the producer's arrive (plus the copy's bytes)
             mbar_init(empty0 + 8 * s, CONSUMERS / 32);  // one arrive per consumer warp
         }
         fence_proxy_async();  // the inits are visible to the TMA engine (async proxy)
-        for (int j = 0; j < STAGES && j < iters; ++j) {
+        for (int j = 0; j < stages && j < iters; ++j) {
             mbar_arrive_expect_tx(full0 + 8 * j, TILE_BYTES);
             bulk_copy_g2s(w_base + j * TILE_BYTES, src + (i64)j * TILE_BYTES, TILE_BYTES, full0 + 8 * j);
         }
@@ -178,9 +184,9 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
 
     if (tid >= CONSUMERS) {  // ---- producer warp: one thread streams the rest of the weights
         if (tid == CONSUMERS) {
-            for (int j = STAGES; j < iters; ++j) {
-                const int s = j % STAGES;
-                mbar_wait(empty0 + 8 * s, ((j / STAGES) - 1) & 1);  // every consumer warp released it
+            for (int j = stages; j < iters; ++j) {
+                const int s = j % stages;
+                mbar_wait(empty0 + 8 * s, ((j / stages) - 1) & 1);  // every consumer warp released it
                 mbar_arrive_expect_tx(full0 + 8 * s, TILE_BYTES);
                 bulk_copy_g2s(w_base + s * TILE_BYTES, src + (i64)j * TILE_BYTES, TILE_BYTES, full0 + 8 * s);
             }
@@ -200,13 +206,13 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
     int tile = (int)(it0 / KB), kb = kb0, slot = 0;
     bool whole = kb == 0;               // the segment being accumulated started at the tile's first K block
     for (int j = 0; j < iters; ++j) {
-        const int s = j % STAGES;
+        const int s = j % stages;
         if (j < nb) {  // first use of token block j: wait for its copies (every consumer's)
             cp_async_wait_upto(nb - 1 - j);
             fence_proxy_async();
             named_barrier(BAR_CONSUMERS, CONSUMERS);
         }
-        mbar_wait(full0 + 8 * s, (j / STAGES) & 1);
+        mbar_wait(full0 + 8 * s, (j / stages) & 1);
         const unsigned a = w_base + s * TILE_BYTES + wg * (TILE_BYTES / 2), b = b_base + slot * B_BYTES;
         wgmma_fence();
 #pragma unroll
