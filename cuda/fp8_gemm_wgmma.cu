@@ -39,6 +39,7 @@
 #define CONSUMERS 256     // two warpgroups
 #define THREADS (CONSUMERS + 32)
 #define BAR_CONSUMERS 1   // named barrier over the consumer threads
+#define BAR_READY 2       // producer warp -> consumers: stage barriers initialized
 
 __device__ __forceinline__ i64 unit_begin(int c, i64 T, int C) { return (i64)c * T / C; }
 
@@ -146,53 +147,51 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
     const unsigned full0 = (smem_u32(s_w + iters) + 7u) & ~7u;  // mbarriers full[stages], empty[stages]
     const unsigned empty0 = full0 + 8 * stages;
 
-    // Prologue, before the one CTA-wide barrier: the producer initializes the stage barriers and issues the first
-    // stages weight copies; the consumers issue their weight-scale and token copies. Nothing waits on a round trip.
-    // Launched with PDL (kernels.launch), this runs while the previous kernel on the stream finishes: weights and
-    // their scales are constants, so only the token reads and every global write wait for it (pdl_wait).
+    // Prologue. The producer warp initializes the stage barriers and signals (bar.arrive: it does not wait) that
+    // they are ready, then issues the first weight copies; the consumers issue their weight-scale and token copies
+    // and wait only for the barrier setup. Launched with PDL (kernels.launch), this runs while the previous kernel on
+    // the stream finishes: weights and their scales are constants, so only the token reads and every global write
+    // wait for it (pdl_wait).
     pdl_launch_dependents();
     const fp8_t* src = wp + it0 * TILE_BYTES;
-    if (tid == CONSUMERS) {
-        for (int s = 0; s < stages; ++s) {
-            mbar_init(full0 + 8 * s, 1);                // the producer's arrive (plus the copy's bytes)
-            mbar_init(empty0 + 8 * s, CONSUMERS / 32);  // one arrive per consumer warp
-        }
-        fence_proxy_async();  // the inits are visible to the TMA engine (async proxy)
-        for (int j = 0; j < stages && j < iters; ++j) {
-            mbar_arrive_expect_tx(full0 + 8 * j, TILE_BYTES);
-            bulk_copy_g2s(w_base + j * TILE_BYTES, src + (i64)j * TILE_BYTES, TILE_BYTES, full0 + 8 * j);
-        }
-    } else if (tid < CONSUMERS) {
-        // Weight scales join the first group: read per iteration from global memory, their latency (they are as
-        // cold as the weights) would serialize the loop. Then the tokens, one cp.async group per K block in
-        // first-use order (zero fill past M).
-        for (int i = tid; i < iters; i += CONSUMERS) cp_async4(smem_u32(s_w + i), sw + it0 + i, true);
-        pdl_wait();  // tokens come from the previous kernel
-        for (int b = 0; b < nb; ++b) {
-            const int kb = kb0 + b < KB ? kb0 + b : kb0 + b - KB;
-            const unsigned sb = b_base + b * B_BYTES;
-            const int ch = tid & 7;  // 16-byte chunk of the 128-byte row
-            for (int r = tid >> 3; r < NT; r += CONSUMERS / 8) {
-                const bool ok = r < M;
-                cp_async16(sb + sw128_offset(r, ch), x + (i64)(ok ? r : 0) * K + kb * 128 + ch * 16, ok);
-            }
-            if (tid < NT) cp_async4(smem_u32(s_x + b * NT + tid), sx + (i64)kb * Mp + (tid < M ? tid : 0), tid < M);
-            cp_async_commit();
-        }
-    }
-    __syncthreads();  // barriers initialized
-
-    if (tid >= CONSUMERS) {  // ---- producer warp: one thread streams the rest of the weights
+    if (tid >= CONSUMERS) {  // ---- producer warp: one thread streams the weights
         if (tid == CONSUMERS) {
-            for (int j = stages; j < iters; ++j) {
+            for (int s = 0; s < stages; ++s) {
+                mbar_init(full0 + 8 * s, 1);                // the producer's arrive (plus the copy's bytes)
+                mbar_init(empty0 + 8 * s, CONSUMERS / 32);  // one arrive per consumer warp
+            }
+            fence_proxy_async();  // the inits are visible to the TMA engine (async proxy)
+        }
+        __syncwarp();
+        named_barrier_arrive(BAR_READY, THREADS);
+        if (tid == CONSUMERS) {
+            for (int j = 0; j < iters; ++j) {
                 const int s = j % stages;
-                mbar_wait(empty0 + 8 * s, ((j / stages) - 1) & 1);  // every consumer warp released it
+                if (j >= stages) mbar_wait(empty0 + 8 * s, ((j / stages) - 1) & 1);  // every consumer warp released it
                 mbar_arrive_expect_tx(full0 + 8 * s, TILE_BYTES);
                 bulk_copy_g2s(w_base + s * TILE_BYTES, src + (i64)j * TILE_BYTES, TILE_BYTES, full0 + 8 * s);
             }
         }
         return;  // the copies complete on their own; the consumers keep the CTA alive
     }
+
+    // ---- consumers. Weight scales join the first cp.async group: read per iteration from global memory, their
+    // latency (they are as cold as the weights) would serialize the loop. Then the tokens, one group per K block in
+    // first-use order (zero fill past M).
+    for (int i = tid; i < iters; i += CONSUMERS) cp_async4(smem_u32(s_w + i), sw + it0 + i, true);
+    pdl_wait();  // tokens come from the previous kernel
+    for (int b = 0; b < nb; ++b) {
+        const int kb = kb0 + b < KB ? kb0 + b : kb0 + b - KB;
+        const unsigned sb = b_base + b * B_BYTES;
+        const int ch = tid & 7;  // 16-byte chunk of the 128-byte row
+        for (int r = tid >> 3; r < NT; r += CONSUMERS / 8) {
+            const bool ok = r < M;
+            cp_async16(sb + sw128_offset(r, ch), x + (i64)(ok ? r : 0) * K + kb * 128 + ch * 16, ok);
+        }
+        if (tid < NT) cp_async4(smem_u32(s_x + b * NT + tid), sx + (i64)kb * Mp + (tid < M ? tid : 0), tid < M);
+        cp_async_commit();
+    }
+    named_barrier(BAR_READY, THREADS);  // the stage barriers are initialized
 
     float total[R], acc[ACCS][R];
 #pragma unroll

@@ -100,9 +100,14 @@ __device__ __forceinline__ int load_acquire(const int* p) {
     return v;
 }
 
-// Barrier over the first `threads` threads of the CTA only (id 0 is __syncthreads).
+// Barrier over `threads` threads of the CTA only (id 0 is __syncthreads); warp-uniform.
 __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Count this warp in at barrier `id` without waiting for it; warp-uniform.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // D[64 x NT] (+)= A[64 x 32] * B[NT x 32]^T, e4m3 in, FP32 accumulate; accumulate == 0 overwrites D.

@@ -193,7 +193,7 @@ def test_fp8_gemm_rounds_like_fp32_accumulation(M: int) -> None:
 
 
 @GPU
-@pytest.mark.parametrize("stages", [2, 3, 8])
+@pytest.mark.parametrize("stages", [2, 3, 4])
 def test_fp8_gemm_stream_k_is_deterministic_and_resets(stages: int) -> None:
     """Tiles shared by several CTAs are summed in a fixed order and their counters end at zero, so repeated calls
     and graph replays give identical bits."""
