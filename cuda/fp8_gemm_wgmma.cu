@@ -1,12 +1,12 @@
 // Block-scaled FP8 GEMM for decode shapes on Hopper tensor cores (wgmma), y[M, N] = x[M, K] @ w[N, K]^T:
-//   x:  float8 e4m3 [M, K], 1x128 blocks, scales sx[K/128, Mp] (K-major, Mp = M rounded up to 4), M <= 64
+//   x:  float8 e4m3 [M, K], 1x128 blocks, scales sx[K/128, Mp] (K-major, Mp = M rounded up to 4), M <= 128
 //   wp: float8 e4m3 weights in the packed tile layout [N/128][K/128][128 rows][128 bytes]: each 16 KB block is one
 //       128x128 scale block already in the 128-byte-swizzled K-major layout the wgmma descriptors read
 //       (pack_weight in rtts/kernels/reference.py), so it lands in shared memory with one contiguous bulk copy
 //   sw: 128x128 block scales [N/128, K/128] (row-major)
 //   y:  bfloat16 [M, N]
 //
-// Swap-AB: weight rows are the wgmma M side and the tokens (M padded to NT = 8..64) the N side, so one token costs
+// Swap-AB: weight rows are the wgmma M side and the tokens (M padded to NT = 8..128) the N side, so one token costs
 // an 8-column sliver instead of a 64-row tile. An iteration is one (128-row tile, 128-wide K block).
 //
 // Warp specialization (the decode GEMM is a weight stream; what bounds it is how many weight bytes each SM keeps in
@@ -126,7 +126,8 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
     // 128-wide K block go into separate accumulators (as many as registers allow) that are summed in FP32: with
     // four, no tensor-core sum spans more than 32 products. Measured: one accumulator per block averaged 0.3-0.43
     // bf16 ulp of error against the exact product, with outliers of thousands of ulp on outputs near zero.
-    constexpr int ACCS = NT <= 32 ? 4 : 2;
+    // NT = 128 keeps one (its FP32 total, accumulator and the settle sum already take 192 registers).
+    constexpr int ACCS = NT <= 32 ? 4 : (NT == 64 ? 2 : 1);
     extern __shared__ unsigned char smem_raw[];
     // Swizzle atoms need 1024-byte alignment; the launch asks for 1 KB of slack.
     const unsigned raw = smem_u32(smem_raw);

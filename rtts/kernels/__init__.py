@@ -86,7 +86,7 @@ _NT = (1, 2, 4, 8, 16)
 _GEMM_INSTANCES = tuple(f"fp8_gemm<{nt},{w},{str(s).lower()}>" for nt in _NT for w in (4, 8) for s in (False, True))
 
 # wgmma kernel (sm_90a): packed weights streamed by bulk copies through a ring of 16 KB stages.
-_WGMMA_NT = (8, 16, 32, 64)  # token tile widths (M <= 64 per launch)
+_WGMMA_NT = (8, 16, 32, 64, 128)  # token tile widths (M <= 128 per launch)
 _TILE_ROWS = 128  # weight rows per iteration (one 128x128 scale block)
 _TILE_BYTES = 128 * 128
 _WGMMA_THREADS = 256 + 32  # two consumer warpgroups + one producer warp
@@ -129,7 +129,7 @@ def _use_wgmma(device: torch.device) -> bool:
 
 
 def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) -> tuple[int, int, int, int]:
-    """(NT, stages, grid, smem bytes) for the stream-K wgmma GEMM (M <= 64, N % 128 == 0): the smallest token tile
+    """(NT, stages, grid, smem bytes) for the stream-K wgmma GEMM (M <= 128, N % 128 == 0): the smallest token tile
     holding M, a persistent grid of one CTA per SM, and as many weight stages (up to _MAX_STAGES) as the shared
     memory left after the token blocks allows. A CTA holds every token block it visits (min(K/128, its
     iterations)); when that leaves fewer than two stages the grid grows so each CTA visits fewer blocks."""
@@ -227,7 +227,7 @@ def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Ten
            f"fp8_gemm: sw must be fp32 [{math.ceil(N / 128)}, {K // 128}], got {sw.dtype} {tuple(sw.shape)}")
     if not _use_cuda(xq, sx, wq, sw):
         return reference.fp8_gemm(xq, sx, wq, sw)
-    wgmma = packed and _use_wgmma(xq.device) and _wgmma_fits(N, K, xq.device)
+    wgmma = packed and _use_wgmma(xq.device) and _wgmma_fits(min(M, _WGMMA_NT[-1]), N, K, xq.device)
     if packed and not wgmma:  # packed weights on a GPU without the wgmma kernel: correct, not fast
         wq, packed = reference.unpack_weight(wq), False
     step = _WGMMA_NT[-1] if wgmma else 128  # decode shapes: larger batches run in token slices
@@ -237,11 +237,10 @@ def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Ten
     return _fp8_gemm_wgmma(xq, sx, wq, sw) if wgmma else _fp8_gemm_mma(xq, sx, wq, sw)
 
 
-def _wgmma_fits(N: int, K: int, device: torch.device) -> bool:
-    """The stream-K scratch covers the plan (it does up to ~230M weights)."""
+def _wgmma_fits(M: int, N: int, K: int, device: torch.device) -> bool:
+    """The stream-K scratch covers the plan (at M = 128 it does up to ~100M weights, at M = 1 ~2G)."""
     sms = _sm_count(_index(device))
-    return (N // _TILE_ROWS <= _STREAMK_TILES
-            and wgmma_plan(_WGMMA_NT[-1], N, K, sms)[2] <= _MAX_GRID_PER_SM * sms)
+    return N // _TILE_ROWS <= _STREAMK_TILES and wgmma_plan(M, N, K, sms)[2] <= _MAX_GRID_PER_SM * sms
 
 
 def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wp: torch.Tensor, sw: torch.Tensor,
@@ -250,7 +249,7 @@ def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wp: torch.Tensor, sw: to
 
     M, K = xq.shape
     N = wp.shape[0] * _TILE_ROWS
-    _check(wp.dim() == 4 and M <= _WGMMA_NT[-1] and _wgmma_fits(N, K, xq.device),
+    _check(wp.dim() == 4 and M <= _WGMMA_NT[-1] and _wgmma_fits(M, N, K, xq.device),
            f"fp8_gemm: no wgmma plan for {M}x{N}x{K}")
     sms = _sm_count(_index(xq.device))
     nt, st, grid, smem = wgmma_plan(M, N, K, sms, stages)
