@@ -1,0 +1,108 @@
+"""Per-CTA timeline of the wgmma FP8 GEMM on the GPU: where a launch spends its time.
+
+Compiles an instrumented copy of `cuda/fp8_gemm_wgmma.cu` (the source text is patched in memory at the anchors below;
+the repository file is untouched) that records `%globaltimer` at a few points per CTA, runs one cold launch per shape
+(the L2 swept by a read-only pass first), and prints min / median / max microseconds after the first CTA started:
+
+    enter        CTA start (consumer thread 0)
+    ready        the producer warp has initialized the stage barriers
+    first_full   the first weight block landed (consumer thread 0)
+    last_iter    the last iteration's weights landed
+    settle       the last shared tile's counter was read (fast path when the other shares were in)
+    exit         CTA end
+
+plus the four slowest CTAs in full and how many took the settle fast path. When an anchor no longer matches the
+kernel, this fails loudly: move the anchor, not the kernel. Used in session 3 to find that stream-K settlement (not
+the weight stream) cost 4-6 us per GEMM (bench/results/kernels-h200-2026-11-30.md, "Reading").
+
+    python bench/probes/gemm_trace.py            # on the GPU machine, from the repository root
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from rtts import kernels
+from rtts.kernels import _jit
+from rtts.kernels import reference as ref
+
+SLOTS = 8
+PROBE = (
+    f"__device__ unsigned long long g_trace[4096 * {SLOTS}];\n"
+    "__device__ __forceinline__ void TR(int k) {\n"
+    "    unsigned long long t;\n"
+    '    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));\n'
+    f"    g_trace[blockIdx.x * {SLOTS} + k] = t;\n"
+    "}\n"
+)
+ANCHORS = [  # (text in the kernel, replacement)
+    ("#define TILE_ROWS 128", PROBE + "#define TILE_ROWS 128"),
+    ("const int tid = threadIdx.x, lane = tid & 31;",
+     "const int tid = threadIdx.x, lane = tid & 31; if (tid == 0) TR(0);"),
+    ("        named_barrier_arrive(BAR_READY, THREADS);",
+     "        if (tid == CONSUMERS) TR(1);\n        named_barrier_arrive(BAR_READY, THREADS);"),
+    ("        mbar_wait(full0 + 8 * s, (j / stages) & 1);",
+     "        mbar_wait(full0 + 8 * s, (j / stages) & 1); if (tid == 0 && j == 0) TR(2);"),
+    ("const bool last_segment = j == iters - 1;",
+     "const bool last_segment = j == iters - 1; if (tid == 0 && last_segment) TR(3);"),
+    ("if (tid == 0) s_last = load_acquire(&counters[tile]) == want;",
+     f"if (tid == 0) {{ s_last = load_acquire(&counters[tile]) == want; TR(4); g_trace[blockIdx.x * {SLOTS} + 6] = "
+     "s_last + 1; }"),
+]
+LABELS = [(0, "enter"), (1, "ready"), (2, "first_full"), (3, "last_iter"), (4, "settle"), (5, "exit")]
+SHAPES = [("wqkv", 6144, 2560), ("wo", 2560, 4096), ("gate_up", 19456, 2560), ("w2", 2560, 9728)]
+
+
+def instrumented_source(name: str, original=_jit.source) -> str:
+    s = original(name)
+    if name != "fp8_gemm_wgmma.cu":
+        return s
+    for a, b in ANCHORS:
+        if a not in s:
+            raise SystemExit(f"anchor not found in the kernel (update bench/probes/gemm_trace.py): {a!r}")
+        s = s.replace(a, b)
+    end = s.rindex("}")  # the kernel is the file's last function: stamp its exit
+    return s[:end] + "    if (tid == 0) TR(5);\n}\n"
+
+
+def main() -> None:
+    import cupy as cp
+
+    _jit.source = instrumented_source  # type: ignore[assignment]
+    kernels.warmup(torch.device("cuda"))
+    g = _jit.module("fp8_gemm_wgmma.cu", kernels._WGMMA_INSTANCES).get_global("g_trace")
+    sweep = torch.ones(256 << 20, dtype=torch.uint8, device="cuda")
+    sms = kernels._sm_count(0)
+    for name, N, K in SHAPES:
+        for M in (1, 64):
+            wq, sw = ref.quantize_weight(torch.randn(N, K, device="cuda").bfloat16() * 0.05)
+            wp = kernels.pack_weight(wq)
+            xq, sx = kernels.quantize_1x128(torch.randn(M, K, device="cuda").bfloat16())
+            nt, stages, grid, smem = kernels.wgmma_plan(M, N, K, sms)
+            cp.cuda.runtime.memset(g.ptr, 0, 4096 * SLOTS * 8)
+            for _ in range(3):  # the last launch is the one recorded
+                sweep.max()  # read-only: evicts the weights without leaving dirty lines to write back
+                torch.cuda.synchronize()
+                kernels._fp8_gemm_wgmma(xq, sx, wp, sw)
+                torch.cuda.synchronize()
+            tr = cp.ndarray((4096 * SLOTS,), dtype=cp.uint64, memptr=g).get().reshape(4096, SLOTS)[:grid]
+            tr = tr.astype("int64")
+            t0 = int(tr[:, 0].min())
+            cols = []
+            for k, label in LABELS:
+                v = [(int(x) - t0) / 1e3 for x in tr[:, k] if x > 0]
+                if v:
+                    cols.append(f"{label}={min(v):.2f}/{statistics.median(v):.2f}/{max(v):.2f}")
+            fast = int((tr[:, 6] == 2).sum())
+            tried = int((tr[:, 6] > 0).sum())
+            print(f"{name} M={M} grid={grid} stages={stages} smem={smem}: " + "  ".join(cols)
+                  + f"  fast-path {fast}/{tried}", flush=True)
+            for i in sorted(range(grid), key=lambda i: -int(tr[i, 5]))[:4]:
+                print(f"    slow CTA {i}: " + " ".join(
+                    f"{label}={(int(tr[i, k]) - t0) / 1e3:.2f}" for k, label in LABELS if tr[i, k] > 0), flush=True)
+
+
+if __name__ == "__main__":
+    main()
