@@ -31,7 +31,7 @@
 // summing CTA resets (graph replays need no memset); see the end of the main loop for the fast path.
 //
 // PDL: launched with programmatic stream serialization, the prologue (barrier setup, the first weight copies) runs
-// while the previous kernel finishes; token reads and all global writes come after griddepcontrol.wait.
+// while the previous kernel finishes; every other global read and all global writes come after griddepcontrol.wait.
 #include "sm90.cuh"
 
 #define TILE_ROWS 128     // weight rows per iteration: one 128x128 scale block, 64 per consumer warpgroup
@@ -151,8 +151,7 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
     // Prologue. The producer warp initializes the stage barriers and signals (bar.arrive: it does not wait) that
     // they are ready, then issues the first weight copies; the consumers issue their weight-scale and token copies
     // and wait only for the barrier setup. Launched with PDL (kernels.launch), this runs while the previous kernel on
-    // the stream finishes: weights and their scales are constants, so only the token reads and every global write
-    // wait for it (pdl_wait).
+    // the stream finishes: the packed weights are constants, so everything but their stream waits for it (pdl_wait).
     pdl_launch_dependents();
     const fp8_t* src = wp + it0 * TILE_BYTES;
     if (tid >= CONSUMERS) {  // ---- producer warp: one thread streams the weights
@@ -178,9 +177,10 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
 
     // ---- consumers. Weight scales join the first cp.async group: read per iteration from global memory, their
     // latency (they are as cold as the weights) would serialize the loop. Then the tokens, one group per K block in
-    // first-use order (zero fill past M).
+    // first-use order (zero fill past M). Only the packed weights are read before pdl_wait (kernels.pack_weight
+    // waits for its own kernels, so no kernel still running can be writing them).
+    pdl_wait();
     for (int i = tid; i < iters; i += CONSUMERS) cp_async4(smem_u32(s_w + i), sw + it0 + i, true);
-    pdl_wait();  // tokens come from the previous kernel
     for (int b = 0; b < nb; ++b) {
         const int kb = kb0 + b < KB ? kb0 + b : kb0 + b - KB;
         const unsigned sb = b_base + b * B_BYTES;

@@ -200,14 +200,22 @@ def packs_weights(device: torch.device) -> bool:
 
 
 def pack_weight(wq: torch.Tensor) -> torch.Tensor:
-    """FP8 [N, K] -> the packed tile layout [N/128, K/128, 128, 128] (see reference.pack_weight)."""
+    """FP8 [N, K] -> the packed tile layout [N/128, K/128, 128, 128] (see reference.pack_weight).
+
+    On the GPU this waits for the packing to finish: the wgmma GEMM is launched with PDL and streams its weights
+    before it waits for the kernels ahead of it, so a packed weight must never be written by a kernel that may still
+    be running when a GEMM reading it launches."""
     _check(wq.dtype == FP8 and wq.dim() == 2, f"pack_weight: want fp8 [N, K], got {wq.dtype} {tuple(wq.shape)}")
-    return reference.pack_weight(wq.contiguous())
+    wp = reference.pack_weight(wq.contiguous())
+    if wp.is_cuda:
+        torch.cuda.current_stream(wp.device).synchronize()
+    return wp
 
 
 def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
     """xq fp8 [M, K], sx fp32 [K/128, pad4(M)], wq fp8 [N, K] or packed [N/128, K/128, 128, 128] (pack_weight),
-    sw fp32 [ceil(N/128), K/128] -> bf16 [M, N]. Packed weights run the wgmma kernel (sm_90a), [N, K] the mma.sync
+    sw fp32 [ceil(N/128), K/128] -> bf16 [M, N]. Packed weights run the wgmma kernel (sm_90a, launched with PDL: it
+    streams the packed weights before waiting for the kernels ahead of it, see pack_weight), [N, K] the mma.sync
     kernel (any GPU)."""
     _check(xq.dtype == FP8 and wq.dtype == FP8, f"fp8_gemm: want float8_e4m3fn operands, got {xq.dtype}, {wq.dtype}")
     _check(xq.dim() == 2 and wq.dim() in (2, 4) and xq.is_contiguous() and wq.is_contiguous(),
