@@ -165,6 +165,18 @@ def test_wgmma_plan_fits_the_gpu() -> None:
             assert smem >= kernels.wgmma_smem_bytes(nt, min(K // 128, iters), stages, iters)  # tokens and scales fit
 
 
+def test_wgmma_token_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond 64 tokens a 128-token launch is used only where its plan is one wave of CTAs (measured: a two-wave
+    128-token gate|up was slower than two 64-token launches)."""
+    monkeypatch.setattr(kernels, "_sm_count", lambda index: 132)
+    kernels._wgmma_step.cache_clear()
+    try:
+        assert kernels._wgmma_step(6144, 2560, 0) == 128 and kernels._wgmma_step(2560, 4096, 0) == 128
+        assert kernels._wgmma_step(19456, 2560, 0) == 64 and kernels._wgmma_step(2560, 9728, 0) == 64
+    finally:
+        kernels._wgmma_step.cache_clear()
+
+
 @GPU
 @pytest.mark.parametrize("M,N,K", [(1, 2560, 9728), (17, 6144, 2560), (128, 200, 384)])
 def test_fp8_gemm_mma_sync_kernel(M: int, N: int, K: int) -> None:

@@ -55,6 +55,33 @@ def test_every_quantized_layer_matches_bf16(demo: tuple[Path, Path]) -> None:
     assert checked == 2 * (2 + 1) * 2  # (wqkv, wo, mlp) x layers x (slow, fast)
 
 
+def test_packed_fp8_model_matches_unpacked(demo: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the GPU runs the wgmma GEMM, loading repacks every FP8 weight (gate|up fused, then packed; w1/w3 stay
+    views of packed tiles). Forced on the CPU path, the packed model computes exactly what the [N, K] one does."""
+    from rtts import kernels
+
+    _, dst = demo
+    plain = load_model(dst, dtype=torch.bfloat16)
+    monkeypatch.setattr(kernels, "packs_weights", lambda device: True)
+    packed = load_model(dst, dtype=torch.bfloat16)
+    mods = dict(plain.model.named_modules())
+    seen = 0
+    for name, mod in packed.model.named_modules():
+        if isinstance(mod, FP8FeedForward):
+            assert mod.gate_up is not None and mod.gate_up.dim() == 4 and mod.w2.weight.dim() == 4
+            assert mod.w1.weight.data_ptr() == mod.gate_up.data_ptr() and mod.w3.weight.dim() == 4
+            x = torch.randn(3, mod.w1.in_features, generator=torch.Generator().manual_seed(seen)).bfloat16()
+        elif isinstance(mod, FP8Linear) and not name.endswith((".w1", ".w2", ".w3")):
+            assert mod.weight.dim() == 4
+            x = torch.randn(3, mod.in_features, generator=torch.Generator().manual_seed(seen)).bfloat16()
+        else:
+            continue
+        with torch.inference_mode():
+            assert torch.equal(mod(x), mods[name](x)), name
+        seen += 1
+    assert seen == 2 * (2 + 1) * 2
+
+
 def test_gate_fp8_matches_bf16_greedy(demo: tuple[Path, Path]) -> None:
     r = run_gate(*demo)
     assert r.passed, vars(r)
