@@ -16,8 +16,9 @@
 //     iteration order, so a CTA's weights are one contiguous stream.
 //   - warps 0-7 (two consumer warpgroups, 64 rows each): wait on full[s], four m64nNTk32 wgmmas from shared memory,
 //     release the stage (empty[s], one arrive per warp once its wgmma wait returns), promote in FP32:
-//     total += acc * sw * sx (per 128-K block, so FP8 rounding never accumulates across blocks). No CTA-wide barrier
-//     per iteration: only the two mbarriers of the stage.
+//     total += acc * sw * sx (per 128-K block, so FP8 rounding never accumulates across blocks). Per iteration only
+//     the two mbarriers of the stage, plus, the first time a token block is used, a wait for its copies and a
+//     consumer barrier (so for most of a decode GEMM's iterations: a CTA visits min(K/128, its iterations) blocks).
 //
 // Tokens and weight scales: every K block of tokens this CTA needs, and the scale of each of its iterations, is copied
 // once into shared memory at the start (cp.async, one group per token block in first-use order); an iteration waits
@@ -126,7 +127,8 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
     // 128-wide K block go into separate accumulators (as many as registers allow) that are summed in FP32: with
     // four, no tensor-core sum spans more than 32 products. Measured: one accumulator per block averaged 0.3-0.43
     // bf16 ulp of error against the exact product, with outliers of thousands of ulp on outputs near zero.
-    // NT = 128 keeps one (its FP32 total, accumulator and the settle sum already take 192 registers).
+    // NT = 128 keeps one: with 9 warps per CTA, 3 share an SM sub-partition, which caps a thread at 168 registers,
+    // and its FP32 total, accumulator and settle sum alone take 192 (ptxas spills ~460 bytes at NT = 128).
     constexpr int ACCS = NT <= 32 ? 4 : (NT == 64 ? 2 : 1);
     extern __shared__ unsigned char smem_raw[];
     // Swizzle atoms need 1024-byte alignment; the launch asks for 1 KB of slack.

@@ -149,7 +149,7 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) -> t
         grid = min(T, grid + max(1, sms // 4))
         blocks, iters, st = fit(grid)
     if stages is not None:
-        st = min(st, stages)
+        st = max(1, min(st, stages))
     return nt, st, grid, wgmma_smem_bytes(nt, blocks, st, iters)
 
 
@@ -168,12 +168,17 @@ _STREAMK: dict[tuple[int, int], _StreamK] = {}
 _STREAMK_TILES = 1 << 16  # counters: N up to 8M rows
 
 
+def _streamk_floats(sms: int) -> int:
+    """Partials capacity: two 128-row tile slots per CTA for _MAX_GRID_PER_SM CTAs per SM at 64 tokens (35 MB on an
+    H200); a 128-token plan may use half that grid."""
+    return 2 * sms * _MAX_GRID_PER_SM * _TILE_ROWS * 64
+
+
 def _streamk(device: torch.device, sms: int) -> _StreamK:
     key = (_index(device), torch.cuda.current_stream(device).cuda_stream)
     sk = _STREAMK.get(key)
     if sk is None:
-        # Two tile slots per CTA at the largest grid _fp8_gemm_wgmma accepts and the widest token tile.
-        floats = 2 * sms * _MAX_GRID_PER_SM * _TILE_ROWS * _WGMMA_NT[-1]
+        floats = _streamk_floats(sms)
         sk = _StreamK(torch.empty(floats, dtype=torch.float32, device=device),
                       torch.zeros(_STREAMK_TILES, dtype=torch.int32, device=device))
         _STREAMK[key] = sk
@@ -235,10 +240,12 @@ def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Ten
            f"fp8_gemm: sw must be fp32 [{math.ceil(N / 128)}, {K // 128}], got {sw.dtype} {tuple(sw.shape)}")
     if not _use_cuda(xq, sx, wq, sw):
         return reference.fp8_gemm(xq, sx, wq, sw)
-    wgmma = packed and _use_wgmma(xq.device) and _wgmma_fits(min(M, _WGMMA_NT[-1]), N, K, _index(xq.device))
-    if packed and not wgmma:  # packed weights on a GPU without the wgmma kernel: correct, not fast
-        wq, packed = reference.unpack_weight(wq), False
-    step = _wgmma_step(N, K, _index(xq.device)) if wgmma else 128  # larger batches run in token slices
+    if M == 0:
+        return torch.empty(0, N, dtype=torch.bfloat16, device=xq.device)
+    step = _wgmma_step(N, K, _index(xq.device)) if packed and _use_wgmma(xq.device) else 128  # token slices
+    wgmma = packed and _use_wgmma(xq.device) and _wgmma_fits(min(M, step), N, K, _index(xq.device))
+    if packed and not wgmma:  # packed weights without a wgmma plan (other GPUs, huge layers): correct, not fast
+        wq, packed, step = reference.unpack_weight(wq), False, 128
     if M > step:
         return torch.cat([fp8_gemm(xq[i:i + step].contiguous(), _slice_scales(sx, i, min(M, i + step)), wq, sw)
                           for i in range(0, M, step)])
@@ -251,14 +258,15 @@ def _wgmma_step(N: int, K: int, device_index: int) -> int:
     twice the shared memory per K block, so wide K ranges push its grid past the SM count; measured on the H200 at
     M = 128: gate|up 72 us as one two-wave 128-token launch vs 62 us as two 64-token launches, wqkv 26 vs 37)."""
     sms = _sm_count(device_index)
-    return 128 if wgmma_plan(128, N, K, sms)[2] <= sms else 64
+    return 128 if wgmma_plan(128, N, K, sms)[2] <= sms and _wgmma_fits(128, N, K, device_index) else 64
 
 
 @functools.cache
 def _wgmma_fits(M: int, N: int, K: int, device_index: int) -> bool:
-    """The stream-K scratch covers the plan (at M = 128 it does up to ~100M weights, at M = 1 ~2G)."""
+    """The stream-K scratch covers the plan for M tokens (at 64 tokens: layers up to ~200M weights)."""
     sms = _sm_count(device_index)
-    return N // _TILE_ROWS <= _STREAMK_TILES and wgmma_plan(M, N, K, sms)[2] <= _MAX_GRID_PER_SM * sms
+    nt, _, grid, _ = wgmma_plan(M, N, K, sms)
+    return N // _TILE_ROWS <= _STREAMK_TILES and 2 * grid * _TILE_ROWS * nt <= _streamk_floats(sms)
 
 
 def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wp: torch.Tensor, sw: torch.Tensor,

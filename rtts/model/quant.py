@@ -50,9 +50,10 @@ class FP8Linear(nn.Module):
         return kernels.fp8_linear(x.to(torch.bfloat16), self.weight, self.weight_scale).to(x.dtype)
 
     def pack(self) -> None:
-        """Repack the weight for the wgmma GEMM where this device runs it (once, after loading)."""
+        """Repack the weight for the wgmma GEMM where this device runs it (once, after loading); shapes off the
+        128x128 grid keep [N, K] (the mma.sync kernel)."""
         w = self.weight.data
-        if w.dim() == 2 and kernels.packs_weights(w.device):
+        if w.dim() == 2 and w.shape[0] % 128 == 0 and w.shape[1] % 128 == 0 and kernels.packs_weights(w.device):
             self.weight = nn.Parameter(kernels.pack_weight(w), requires_grad=False)
 
 
@@ -69,9 +70,7 @@ class FP8FeedForward(nn.Module):
         """Concatenate w1 and w3 (and their block scales) into one weight, packed where the device runs the wgmma
         GEMM; w1/w3 become views into it (a packed weight's leading axis is 128-row tiles, so they stay packed)."""
         hidden = self.w1.out_features
-        if hidden % 128:  # block rows would straddle the seam: keep two GEMMs
-            for lin in (self.w1, self.w3, self.w2):
-                lin.pack()
+        if hidden % 128:  # block rows would straddle the seam: keep two GEMMs (finish_fp8 packs what it can)
             return
         gate_up = torch.cat([self.w1.weight.data, self.w3.weight.data])
         if kernels.packs_weights(gate_up.device):
@@ -195,6 +194,12 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, progress: bool = True)
 
 def quantize_model_(model: nn.Module) -> None:
     """Quantize a loaded bf16/fp32 model's transformer linears in place (same result as `rtts quantize` + load)."""
+    for _, _, child in _fp8_targets(model):
+        for lin in (child.w1, child.w3, child.w2) if isinstance(child, FeedForward) else (child,):
+            assert isinstance(lin, nn.Linear)
+            if lin.in_features % 128 or lin.out_features % 128:
+                raise ValueError(f"{type(child).__name__} {lin.out_features}x{lin.in_features}: not a multiple of the "
+                                 "128x128 FP8 block")
     for parent, attr, child in _fp8_targets(model):
         fp8 = _fp8_module(child)
         if isinstance(fp8, FP8FeedForward):
