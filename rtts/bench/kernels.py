@@ -68,7 +68,7 @@ def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = ()) -> dict[str
     ws = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.05 for _ in range(min(R, 8))]
     x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
     qs = [ref.quantize_weight(w) for w in ws]
-    packed = [(kernels.pack_weight(q), s) for q, s in qs] if kernels.packs_weights(x.device) else qs
+    packed = [(kernels.prepare_weight(q), s) for q, s in qs]  # what the serving path streams
     xq, sx = kernels.quantize_1x128(x)
     n = len(ws)
     reps = R  # calls per graph, cycling the copies
@@ -91,7 +91,7 @@ def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = ()) -> dict[str
     out["bf16_us"] = 1e6 * time_graph(_calls(bf16, reps))
     out["fp8_gemm_us"] = 1e6 * time_graph(_calls(gemm, reps))
     out["mma_sync_us"] = 1e6 * time_graph(_calls(mma, reps))
-    for st in stages if M <= 64 and packed is not qs else ():
+    for st in stages if M <= 64 and packed[0][0].dim() == 4 else ():
         def staged(i: int, st: int = st) -> torch.Tensor:
             wq, sw = packed[i % n]
             return kernels._fp8_gemm_wgmma(xq, sx, wq, sw, stages=st)
@@ -126,9 +126,8 @@ def bench_mlp(M: int, dim: int = 2560, hidden: int = 9728) -> dict[str, float]:
     w3s = [torch.randn(hidden, dim, device=dev, dtype=torch.bfloat16) * 0.05 for _ in range(n)]
     w2s = [torch.randn(dim, hidden, device=dev, dtype=torch.bfloat16) * 0.05 for _ in range(n)]
     x = torch.randn(M, dim, device=dev, dtype=torch.bfloat16)
-    pack = kernels.pack_weight if kernels.packs_weights(x.device) else (lambda q: q)
-    gu = [(pack(q), s) for q, s in (ref.quantize_weight(torch.cat([a, b])) for a, b in zip(w1s, w3s))]
-    dn = [(pack(q), s) for q, s in (ref.quantize_weight(w) for w in w2s)]
+    gu = [(kernels.prepare_weight(q), s) for q, s in (ref.quantize_weight(torch.cat([a, b])) for a, b in zip(w1s, w3s))]
+    dn = [(kernels.prepare_weight(q), s) for q, s in (ref.quantize_weight(w) for w in w2s)]
     reps = copies_for(nbytes)
 
     def bf16(i: int) -> torch.Tensor:

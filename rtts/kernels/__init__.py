@@ -128,6 +128,7 @@ def _use_wgmma(device: torch.device) -> bool:
     return not env.legacy_gemm() and _is_sm90(_index(device))
 
 
+@functools.cache  # pure, and asked on every call of fp8_gemm
 def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) -> tuple[int, int, int, int]:
     """(NT, stages, grid, smem bytes) for the stream-K wgmma GEMM (M <= 128, N % 128 == 0): the smallest token tile
     holding M, a persistent grid of one CTA per SM, and as many weight stages (up to _MAX_STAGES) as the shared
@@ -204,6 +205,14 @@ def packs_weights(device: torch.device) -> bool:
     return device.type == "cuda" and _use_cuda(torch.empty(0, device=device)) and _use_wgmma(device)
 
 
+def prepare_weight(wq: torch.Tensor) -> torch.Tensor:
+    """FP8 [N, K] in the layout this device's GEMM streams: packed (pack_weight) where the wgmma kernel runs and the
+    shape is on the 128x128 grid, else `wq` itself (the mma.sync kernel and the reference read [N, K])."""
+    if wq.dim() == 2 and wq.shape[0] % 128 == 0 and wq.shape[1] % 128 == 0 and packs_weights(wq.device):
+        return pack_weight(wq)
+    return wq
+
+
 def pack_weight(wq: torch.Tensor) -> torch.Tensor:
     """FP8 [N, K] -> the packed tile layout [N/128, K/128, 128, 128] (see reference.pack_weight).
 
@@ -242,8 +251,9 @@ def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Ten
         return reference.fp8_gemm(xq, sx, wq, sw)
     if M == 0:
         return torch.empty(0, N, dtype=torch.bfloat16, device=xq.device)
-    step = _wgmma_step(N, K, _index(xq.device)) if packed and _use_wgmma(xq.device) else 128  # token slices
-    wgmma = packed and _use_wgmma(xq.device) and _wgmma_fits(min(M, step), N, K, _index(xq.device))
+    wgmma = packed and _use_wgmma(xq.device)
+    step = _wgmma_step(N, K, _index(xq.device)) if wgmma else 128  # larger batches run in token slices
+    wgmma = wgmma and _wgmma_fits(min(M, step), N, K, _index(xq.device))
     if packed and not wgmma:  # packed weights without a wgmma plan (other GPUs, huge layers): correct, not fast
         wq, packed, step = reference.unpack_weight(wq), False, 128
     if M > step:

@@ -50,11 +50,11 @@ class FP8Linear(nn.Module):
         return kernels.fp8_linear(x.to(torch.bfloat16), self.weight, self.weight_scale).to(x.dtype)
 
     def pack(self) -> None:
-        """Repack the weight for the wgmma GEMM where this device runs it (once, after loading); shapes off the
-        128x128 grid keep [N, K] (the mma.sync kernel)."""
+        """Put the weight in the layout this device's GEMM streams (once, after loading; kernels.prepare_weight)."""
         w = self.weight.data
-        if w.dim() == 2 and w.shape[0] % 128 == 0 and w.shape[1] % 128 == 0 and kernels.packs_weights(w.device):
-            self.weight = nn.Parameter(kernels.pack_weight(w), requires_grad=False)
+        p = kernels.prepare_weight(w)
+        if p is not w:
+            self.weight = nn.Parameter(p, requires_grad=False)
 
 
 class FP8FeedForward(nn.Module):
@@ -70,16 +70,14 @@ class FP8FeedForward(nn.Module):
         """Concatenate w1 and w3 (and their block scales) into one weight, packed where the device runs the wgmma
         GEMM; w1/w3 become views into it (a packed weight's leading axis is 128-row tiles, so they stay packed)."""
         hidden = self.w1.out_features
-        if hidden % 128:  # block rows would straddle the seam: keep two GEMMs (finish_fp8 packs what it can)
+        if hidden % 128:  # block rows would straddle the seam: keep two GEMMs
             return
-        gate_up = torch.cat([self.w1.weight.data, self.w3.weight.data])
-        if kernels.packs_weights(gate_up.device):
-            gate_up = kernels.pack_weight(gate_up)
+        gate_up = kernels.prepare_weight(torch.cat([self.w1.weight.data, self.w3.weight.data]))
+        if gate_up.dim() == 4:  # packed: the leading axis counts 128-row tiles
             hidden //= 128
         self.gate_up = gate_up
         self.gate_up_scale = torch.cat([self.w1.weight_scale.data, self.w3.weight_scale.data])
         self.w1.weight.data, self.w3.weight.data = self.gate_up[:hidden], self.gate_up[hidden:]
-        self.w2.pack()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -125,12 +123,18 @@ def convert_to_fp8(model: nn.Module) -> None:
 
 
 def finish_fp8(model: nn.Module) -> None:
-    """After loading: fuse each MLP's gate/up and pack every FP8 weight for the device's GEMM kernel."""
+    """After loading or quantizing: fuse each MLP's gate/up and put every FP8 weight in the layout the device's GEMM
+    streams."""
     for m in list(model.modules()):
         if isinstance(m, FP8FeedForward):
             m.fuse()
-        elif isinstance(m, FP8Linear):  # after its MLP (modules() is pre-order): fused weights are already packed
+        elif isinstance(m, FP8Linear):  # after its MLP (modules() is pre-order): w1/w3 are already views of gate|up
             m.pack()
+
+
+def _require_blocks(name: str, n: int, k: int) -> None:
+    if n % 128 or k % 128:
+        raise ValueError(f"{name}: shape [{n}, {k}] is not a multiple of the 128x128 FP8 block")
 
 
 def quantize_checkpoint(src: str | Path, dst: str | Path, progress: bool = True) -> Path:
@@ -158,8 +162,7 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, progress: bool = True)
         out_name = to_release_key(name, config.format)
         if is_quantized_name(name):
             n, k = e.shape
-            if n % 128 or k % 128:
-                raise ValueError(f"{name}: shape {list(e.shape)} is not a multiple of the 128x128 FP8 block")
+            _require_blocks(name, n, k)
             specs.append((out_name, (n, k), reference.FP8))
             specs.append((out_name + "_scale", (n // 128, k // 128), torch.float32))
         else:  # the FP8 serving path runs everything else in bf16
@@ -194,24 +197,22 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, progress: bool = True)
 
 def quantize_model_(model: nn.Module) -> None:
     """Quantize a loaded bf16/fp32 model's transformer linears in place (same result as `rtts quantize` + load)."""
-    for _, _, child in _fp8_targets(model):
+    targets = _fp8_targets(model)
+    for _, _, child in targets:  # check every shape before changing anything
         for lin in (child.w1, child.w3, child.w2) if isinstance(child, FeedForward) else (child,):
             assert isinstance(lin, nn.Linear)
-            if lin.in_features % 128 or lin.out_features % 128:
-                raise ValueError(f"{type(child).__name__} {lin.out_features}x{lin.in_features}: not a multiple of the "
-                                 "128x128 FP8 block")
-    for parent, attr, child in _fp8_targets(model):
+            _require_blocks(type(child).__name__, lin.out_features, lin.in_features)
+    for parent, attr, child in targets:
         fp8 = _fp8_module(child)
         if isinstance(fp8, FP8FeedForward):
             assert isinstance(child, FeedForward)
             for src, dst in ((child.w1, fp8.w1), (child.w3, fp8.w3), (child.w2, fp8.w2)):
                 _fill(dst, src.weight.data)
-            fp8.fuse()
         else:
             assert isinstance(fp8, FP8Linear) and isinstance(child, nn.Linear)
             _fill(fp8, child.weight.data)
-            fp8.pack()
         setattr(parent, attr, fp8)
+    finish_fp8(model)
 
 
 def _fill(lin: FP8Linear, w: torch.Tensor) -> None:
