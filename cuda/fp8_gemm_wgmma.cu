@@ -114,13 +114,48 @@ __device__ __forceinline__ void settle_tile(const float (&own)[NT / 2], bool own
     if (tid == 0) counters[t] = 0;  // ready for the next launch (graph replays included)
 }
 
-// stages: weight blocks in flight per CTA, sized by the host from the shared memory the tokens leave.
+// Cluster settlement (CLUSTER): the shares of tile t, all in this cluster, are parked in the sharers' shared memory
+// (a CTA's first tile in slot A, its last in slot B = the free weight ring); after a cluster barrier each sharer sums
+// its slice of the tile (1/S of it, S sharers) from every share in rank order, over distributed shared memory.
 template <int NT>
-__global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __restrict__ x, const float* __restrict__ sx,
-                                                            const fp8_t* __restrict__ wp, const float* __restrict__ sw,
-                                                            bf16_t* __restrict__ y, float* __restrict__ ws,
-                                                            int* __restrict__ counters, int M, int N, int K, int Mp,
-                                                            int stages) {
+__device__ __forceinline__ void reduce_slice(unsigned slot_a, unsigned slot_b, bf16_t* __restrict__ y, int t, i64 base,
+                                             i64 Tl, int Cl, int rl, int KB, int M, int N) {
+    constexpr int F = TILE_ROWS * NT;  // floats per share: [NT / 2 registers][256 consumer threads]
+    const int r_lo = unit_owner((i64)t * KB - base, Tl, Cl), r_hi = unit_owner((i64)t * KB + KB - 1 - base, Tl, Cl);
+    const int S = r_hi - r_lo + 1, i = rl - r_lo;
+    unsigned src[8];  // a cluster has at most 8 CTAs
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        const int rr = r_lo + u;
+        const bool first = u < S && (base + unit_begin(rr, Tl, Cl)) / KB == t;
+        src[u] = u < S ? mapa_shared(first ? slot_a : slot_b, (unsigned)rr) : 0u;
+    }
+    const int lo = i * F / S, hi = (i + 1) * F / S;
+    for (int q = lo + (int)threadIdx.x; q < hi; q += CONSUMERS) {
+        const int r = q / CONSUMERS, th = q % CONSUMERS, l = th & 31;
+        const int n = t * TILE_ROWS + 64 * (th >> 7) + 16 * ((th & 127) >> 5) + (l >> 2) + 8 * ((r & 3) >> 1);
+        const int m = 8 * (r >> 2) + 2 * (l & 3) + (r & 1);
+        if (m >= M) continue;
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) v[u] = u < S ? ld_cluster_f32(src[u] + 4u * q) : 0.f;
+        float sum = 0.f;
+#pragma unroll
+        for (int u = 0; u < 8; ++u) if (u < S) sum += v[u];
+        if (n < N) y[(i64)m * N + n] = float_to_bf16(sum);
+    }
+}
+
+// The GEMM. stages: weight blocks in flight per CTA, sized by the host from the shared memory the tokens leave.
+// CLUSTER = false: persistent stream-K over the whole grid, settled through global memory (see the file comment).
+// CLUSTER = true: launched in clusters of CS CTAs (cluster dimension set at launch); cluster g takes the whole tiles
+// [g * tiles / G, (g + 1) * tiles / G) and splits their iterations stream-K style over its CTAs, so every shared tile
+// is settled on chip (reduce_slice) with two cluster barriers and no global atomics.
+template <int NT, bool CLUSTER>
+__device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const float* __restrict__ sx,
+                                          const fp8_t* __restrict__ wp, const float* __restrict__ sw,
+                                          bf16_t* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters,
+                                          int M, int N, int K, int Mp, int stages) {
     constexpr int B_BYTES = NT * 128;  // one K block of tokens
     constexpr int R = NT / 2;          // accumulator registers per thread
     // FP8 wgmma accumulates with reduced precision (about 14 mantissa bits, not FP32), so the four k32 MMAs of a
@@ -139,16 +174,29 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
     const int tid = threadIdx.x, lane = tid & 31;
     const int KB = K >> 7, tiles = N / TILE_ROWS, C = gridDim.x, c = blockIdx.x;
     const i64 T = (i64)tiles * KB;
-    const i64 it0 = unit_begin(c, T, C);
-    const int iters = (int)(unit_begin(c + 1, T, C) - it0);
+    // This CTA's place in the iteration space it shares: the whole grid, or (CLUSTER) its cluster's tiles.
+    i64 base = 0, Tl = T;
+    int Cl = C, rl = c;
+    if constexpr (CLUSTER) {
+        Cl = (int)cluster_nctarank();
+        rl = (int)cluster_ctarank();
+        const int G = C / Cl, g = c / Cl;
+        const int tg0 = (int)((i64)g * tiles / G), tg1 = (int)((i64)(g + 1) * tiles / G);
+        base = (i64)tg0 * KB;
+        Tl = (i64)(tg1 - tg0) * KB;
+    }
+    const i64 it0 = base + unit_begin(rl, Tl, Cl);
+    const int iters = (int)(unit_begin(rl + 1, Tl, Cl) - unit_begin(rl, Tl, Cl));
     const int nb = min(KB, iters);  // distinct K blocks this CTA visits: slot b holds block (kb0 + b) % KB
     const int kb0 = (int)(it0 % KB);
     const unsigned w_base = smem_u32(smem);                     // [stages][16 KB] weight stages
     const unsigned b_base = w_base + stages * TILE_BYTES;       // [nb][NT x 128] token blocks
     float* s_x = reinterpret_cast<float*>(smem + stages * TILE_BYTES + nb * B_BYTES);  // [nb][NT] token scales
     float* s_w = s_x + nb * NT;  // [iters] weight scales: iteration j's is sw[it0 + j] (sw is [tiles][KB])
-    const unsigned full0 = (smem_u32(s_w + iters) + 7u) & ~7u;  // mbarriers full[stages], empty[stages]
-    const unsigned empty0 = full0 + 8 * stages;
+    // CLUSTER: slot A, this CTA's share of its first tile ([R][256] floats), parked mid-loop.
+    const unsigned slot_a = (smem_u32(s_w + iters) + 15u) & ~15u;
+    const unsigned full0 = ((CLUSTER ? slot_a + TILE_ROWS * NT * 4 : smem_u32(s_w + iters)) + 7u) & ~7u;
+    const unsigned empty0 = full0 + 8 * stages;  // mbarriers full[stages], empty[stages]
 
     // Prologue. The producer warp initializes the stage barriers and signals (bar.arrive: it does not wait) that
     // they are ready, then issues the first weight copies; the consumers issue their weight-scale and token copies
@@ -174,7 +222,13 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
                 bulk_copy_g2s(w_base + s * TILE_BYTES, src + (i64)j * TILE_BYTES, TILE_BYTES, full0 + 8 * s);
             }
         }
-        return;  // the copies complete on their own; the consumers keep the CTA alive
+        if constexpr (!CLUSTER) return;  // the copies complete on their own; the consumers keep the CTA alive
+        else {
+            __syncwarp();
+            cluster_sync();  // the shares are parked (the producer warp only takes part)
+            cluster_sync();  // every slice is summed: this CTA's shared memory may go
+            return;
+        }
     }
 
     // ---- consumers. Weight scales join the first cp.async group: read per iteration from global memory, their
@@ -205,7 +259,8 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
     }
 
     const int wg = tid >> 7;
-    int tile = (int)(it0 / KB), kb = kb0, slot = 0;
+    const int first_tile = (int)(it0 / KB);
+    int tile = first_tile, kb = kb0, slot = 0;
     bool whole = kb == 0;               // the segment being accumulated started at the tile's first K block
     for (int j = 0; j < iters; ++j) {
         const int s = j % stages;
@@ -244,6 +299,13 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
             const bool last_segment = j == iters - 1;
             if (whole && kb == KB - 1) {
                 store_tile<NT>(total, y, tile * TILE_ROWS + 64 * wg, M, N);
+            } else if constexpr (CLUSTER) {
+                // Park the share in this CTA's shared memory: the first tile's in slot A, the last tile's in the
+                // weight ring, free once both warpgroups are past their last MMAs.
+                if (tile != first_tile) named_barrier(BAR_CONSUMERS, CONSUMERS);
+                float* p = reinterpret_cast<float*>(smem_raw + ((tile == first_tile ? slot_a : w_base) - raw));
+#pragma unroll
+                for (int r = 0; r < R; ++r) p[r * CONSUMERS + tid] = total[r];  // [register][thread]: conflict free
             } else {
                 // A shared tile. Its other shares were (for this CTA's last tile, almost always) computed at the
                 // start of the next CTAs' ranges, long ago: if they are all in, sum them with this share from
@@ -278,4 +340,30 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(const fp8_t* __rest
         }
         if (++slot == KB) slot = 0;
     }
+    if constexpr (CLUSTER) {
+        cluster_sync();  // every share of every tile of the cluster is parked
+        if (iters > 0) {
+            const int last_tile = (int)((it0 + iters - 1) / KB);
+            const bool first_shared = it0 % KB != 0 || it0 + iters < (i64)(first_tile + 1) * KB;
+            if (first_shared) reduce_slice<NT>(slot_a, w_base, y, first_tile, base, Tl, Cl, rl, KB, M, N);
+            if (last_tile != first_tile && (it0 + iters) % KB != 0)
+                reduce_slice<NT>(slot_a, w_base, y, last_tile, base, Tl, Cl, rl, KB, M, N);
+        }
+        cluster_sync();  // the peers are done reading this CTA's shares
+    }
 }
+
+#define GEMM_PARAMS                                                                                          \
+    const fp8_t *__restrict__ x, const float *__restrict__ sx, const fp8_t *__restrict__ wp,                 \
+        const float *__restrict__ sw, bf16_t *__restrict__ y, float *__restrict__ ws, int *__restrict__ counters, \
+        int M, int N, int K, int Mp, int stages
+#define GEMM_ARGS x, sx, wp, sw, y, ws, counters, M, N, K, Mp, stages
+
+// Register budgets. fp8_gemm_wgmma (NT >= 32): one CTA per SM. fp8_gemm_wgmma_lean (NT <= 16) is held to 96
+// registers so that two CTAs fit on an SM (18 warps put 5 on one sub-partition: 5 x 32 x 96 <= 16K registers): a
+// GEMM can then start, and stream its weights, on SMs where the previous kernel still runs (PDL).
+template <int NT, bool CLUSTER>
+__global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(GEMM_PARAMS) { gemm_body<NT, CLUSTER>(GEMM_ARGS); }
+
+template <int NT, bool CLUSTER>
+__global__ void __maxnreg__(96) fp8_gemm_wgmma_lean(GEMM_PARAMS) { gemm_body<NT, CLUSTER>(GEMM_ARGS); }

@@ -110,6 +110,34 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Thread-block clusters (sm_90): rank in the cluster, cluster size, a peer CTA's copy of a shared-memory address,
+// loads from it (distributed shared memory), and the cluster-wide barrier: arrive releases this thread's prior
+// writes (shared memory included) and wait acquires every other thread's, so after it every CTA of the cluster can
+// read what the others wrote before it. All threads of every CTA of the cluster must take part (.aligned: whole warps).
+__device__ __forceinline__ unsigned cluster_ctarank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned cluster_nctarank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned mapa_shared(unsigned addr, unsigned rank) {
+    unsigned r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ float ld_cluster_f32(unsigned addr) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
 // D[64 x NT] (+)= A[64 x 32] * B[NT x 32]^T, e4m3 in, FP32 accumulate; accumulate == 0 overwrites D.
 // Accumulator layout (thread t of the warpgroup, warp w = t / 32, lane l): d[4i + e] is row 16w + l/4 + 8(e >> 1),
 // column 8i + 2(l % 4) + (e & 1).

@@ -25,6 +25,13 @@ def no_pdl() -> bool:
     return _flag("RTTS_NO_PDL")
 
 
+def gemm_cluster() -> int | None:
+    """RTTS_GEMM_CLUSTER=N: force the wgmma GEMM's split (1: global stream-K, 2-8: clusters of N CTAs) instead of
+    its planner's choice (comparison, bisection)."""
+    v = os.environ.get("RTTS_GEMM_CLUSTER", "").strip()
+    return int(v) if v else None
+
+
 def kernel_cache_dir() -> str | None:
     """RTTS_KERNEL_CACHE_DIR: where compiled kernels are cached (CuPy's own cache otherwise)."""
     return os.environ.get("RTTS_KERNEL_CACHE_DIR") or None

@@ -156,13 +156,39 @@ def _gemm_error(gemm: Callable[..., torch.Tensor], M: int, N: int, K: int, packe
 def test_wgmma_plan_fits_the_gpu() -> None:
     for M in (1, 8, 9, 33, 64):
         for N, K in ((2560, 9728), (19456, 2560), (256, 384), (65536, 16384), (128, 128), (2560, 65536)):
-            nt, stages, grid, smem = kernels.wgmma_plan(M, N, K, sms=132)
-            assert nt >= M and nt % 8 == 0 and 2 <= stages <= 8
-            assert smem <= 227 * 1024 - 64
-            T = N // 128 * (K // 128)
-            assert 1 <= grid <= T  # every CTA gets at least one iteration
-            iters = math.ceil(T / grid)
-            assert smem >= kernels.wgmma_smem_bytes(nt, min(K // 128, iters), stages, iters)  # tokens and scales fit
+            for cluster in (None, 1, 2, 3, 6, 8):
+                try:
+                    p = kernels.wgmma_plan(M, N, K, sms=132, cluster=cluster)
+                except ValueError:  # only a forced cluster size may not fit (too few blocks, or tokens too big)
+                    assert cluster is not None and cluster > 1
+                    continue
+                assert p.nt >= M and p.nt % 8 == 0 and 2 <= p.stages <= 8
+                assert p.smem <= 227 * 1024 - 64
+                T = N // 128 * (K // 128)
+                assert 1 <= p.grid <= T and p.grid % p.cluster == 0  # every CTA gets at least one iteration
+                if cluster is not None:
+                    assert p.cluster == cluster
+                if p.cluster > 1:
+                    G, tiles = p.grid // p.cluster, N // 128
+                    assert p.grid <= 132 and G <= tiles and tiles // G * (K // 128) >= p.cluster
+                    assert p.iters == math.ceil(math.ceil(tiles / G) * (K // 128) / p.cluster)
+                    assert p.stages * 16384 >= 128 * p.nt * 4  # the last tile's share is parked in the ring
+                else:
+                    assert p.iters == math.ceil(T / p.grid)
+                blocks = min(K // 128, p.iters)
+                assert p.smem >= kernels.wgmma_smem_bytes(p.nt, blocks, p.stages, p.iters, p.cluster > 1)
+                if p.nt <= 16 and p.smem <= kernels._SMEM_PAIR_LIMIT:
+                    assert 2 * (p.smem + 1024 + 64) <= 228 * 1024  # two lean CTAs share an SM
+
+
+def test_wgmma_plan_prefers_cluster_settlement() -> None:
+    """The S2-Pro shapes: clusters wherever their busiest CTA streams at most _GLOBAL_SETTLE_BLOCKS more blocks than
+    global stream-K's; cluster capacity below sms // size (unequal GPCs) shrinks the choice."""
+    wo = kernels.wgmma_plan(1, 2560, 4096, sms=132)
+    assert wo.cluster > 1 and wo.grid <= 132
+    cap = (0, 132) + (0,) * 7  # no clusters co-schedule: global stream-K
+    assert kernels.wgmma_plan(1, 2560, 4096, sms=132, capacity=cap).cluster == 1
+    assert kernels.wgmma_plan(128, 2560, 4096, sms=132).cluster == 1  # 128-token tiles have no cluster instance
 
 
 def test_wgmma_token_slices(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -216,13 +242,37 @@ def test_fp8_gemm_stream_k_is_deterministic_and_resets(stages: int) -> None:
     wq, sw = ref.quantize_weight(w)
     xq, sx = ref.quantize_1x128(x)
     wp = kernels.pack_weight(wq)
-    first = kernels._fp8_gemm_wgmma(xq, sx, wp, sw, stages=stages)
+    first = kernels._fp8_gemm_wgmma(xq, sx, wp, sw, stages=stages, cluster=1)
     for _ in range(3):
-        assert torch.equal(kernels._fp8_gemm_wgmma(xq, sx, wp, sw, stages=stages), first)
+        assert torch.equal(kernels._fp8_gemm_wgmma(xq, sx, wp, sw, stages=stages, cluster=1), first)
     r = ref.fp8_gemm(xq, sx, wq, sw).float()
     assert (first.float() - r).abs().max() / r.abs().max() < 1e-2
     sk = kernels._streamk(torch.device("cuda"), kernels._sm_count(0))
     assert int(sk.counters.abs().sum()) == 0
+
+
+@GPU
+@pytest.mark.parametrize("cluster", [1, 2, 3, 5, 6, 8])
+@pytest.mark.parametrize("M,N,K", [(1, 6144, 2560), (5, 2560, 9728), (17, 1152, 640), (33, 384, 1280),
+                                   (64, 2560, 4096), (9, 19456, 2560)])
+def test_fp8_gemm_every_split_is_correct_and_deterministic(cluster: int, M: int, N: int, K: int) -> None:
+    """Every split the planner can pick (global stream-K, clusters of 2-8 CTAs settled in distributed shared memory)
+    computes the product, the same bits on every call."""
+    if not kernels._use_wgmma(torch.device("cuda")):
+        pytest.skip("no wgmma on this GPU")
+    try:
+        kernels._plan(M, N, K, 0, cluster=cluster)
+    except ValueError:
+        pytest.skip(f"no plan with clusters of {cluster} for {M}x{N}x{K}")
+    x, w = _x(M, K, seed=M + 40, device="cuda"), _x(N, K, scale=0.05, seed=N + 41, device="cuda")
+    wq, sw = ref.quantize_weight(w)
+    xq, sx = ref.quantize_1x128(x)
+    wp = kernels.pack_weight(wq)
+    first = kernels._fp8_gemm_wgmma(xq, sx, wp, sw, cluster=cluster)
+    r = ref.fp8_gemm(xq, sx, wq, sw).float()
+    assert (first.float() - r).abs().max() / r.abs().max() < 1e-2
+    for _ in range(2):
+        assert torch.equal(kernels._fp8_gemm_wgmma(xq, sx, wp, sw, cluster=cluster), first)
 
 
 @GPU

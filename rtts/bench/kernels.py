@@ -62,7 +62,8 @@ def copies_for(nbytes: int) -> int:
     return max(2, math.ceil(3 * L2_BYTES / nbytes))
 
 
-def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = ()) -> dict[str, float]:
+def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = (),
+               clusters: tuple[int, ...] = ()) -> dict[str, Any]:
     dev = "cuda"
     R = copies_for(N * K)
     ws = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.05 for _ in range(min(R, 8))]
@@ -72,7 +73,7 @@ def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = ()) -> dict[str
     xq, sx = kernels.quantize_1x128(x)
     n = len(ws)
     reps = R  # calls per graph, cycling the copies
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     def bf16(i: int) -> torch.Tensor:
         return x @ ws[i % n].T
 
@@ -97,6 +98,20 @@ def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = ()) -> dict[str
             return kernels._fp8_gemm_wgmma(xq, sx, wq, sw, stages=st)
 
         out[f"wgmma_stages{st}_us"] = 1e6 * time_graph(_calls(staged, reps))
+    for cs in clusters if M <= 64 and packed[0][0].dim() == 4 else ():
+        try:
+            kernels._plan(M, N, K, 0, cluster=cs)
+        except ValueError:
+            continue
+
+        def split(i: int, cs: int = cs) -> torch.Tensor:
+            wq, sw = packed[i % n]
+            return kernels._fp8_gemm_wgmma(xq, sx, wq, sw, cluster=cs)
+
+        out[f"wgmma_cluster{cs}_us"] = 1e6 * time_graph(_calls(split, reps))
+    if packed[0][0].dim() == 4:
+        p = kernels._plan(min(M, kernels._wgmma_step(N, K, 0)), N, K, 0)
+        out["plan"] = f"{'cluster ' + str(p.cluster) if p.cluster > 1 else 'global'}, {p.stages} st, {p.grid} CTAs"
     out["fp8_linear_us"] = 1e6 * time_graph(_calls(linear, reps))
     # torch._scaled_mm with per-tensor scales (the stock FP8 path); FP8 MMA needs M padded to 16.
     Mp = max(16, (M + 15) // 16 * 16)
@@ -188,27 +203,33 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--m", default="1,16,64,128")
     p.add_argument("--out", default="bench/results")
     p.add_argument("--stages", default="", help="also time the wgmma GEMM with at most these weight stages (e.g. 2,4)")
+    p.add_argument("--clusters", default="", help="also time the wgmma GEMM with these splits forced (1 = global "
+                   "stream-K, 2-8 = clusters of that many CTAs)")
     args = p.parse_args(argv)
     kernels.warmup(torch.device("cuda"))
     ms = [int(x) for x in args.m.split(",")]
     stages = tuple(int(x) for x in args.stages.split(",") if x)
+    clusters = tuple(int(x) for x in args.clusters.split(",") if x)
     bw = copy_bandwidth()
     copy_tbps = bw["copy_TBps"]
     print(f"copy bandwidth: memcpy {bw['memcpy_TBps']:.2f} TB/s, kernel {bw['kernel_TBps']:.2f} TB/s", flush=True)
     rows = ["## FP8 GEMM (slow and fast transformer linears; N x K)", "",
-            "rtts fp8 GEMM = the kernel fp8_gemm dispatches to (wgmma stream-K on sm_90a); mma.sync = the portable "
-            "kernel, for comparison.", "",
-            "| layer | N x K | M | torch bf16 us | torch _scaled_mm us | rtts fp8 GEMM us | mma.sync us "
-            "| + act quant us | TB/s (rtts) | TB/s (bf16) | speedup vs bf16 |", "|---" * 11 + "|"]
+            "rtts fp8 GEMM = the kernel fp8_gemm dispatches to (wgmma on sm_90a; plan: global stream-K or clusters "
+            "of N CTAs settled in distributed shared memory, weight stages, CTAs); mma.sync = the portable kernel, "
+            "for comparison.", "",
+            "| layer | N x K | M | torch bf16 us | torch _scaled_mm us | rtts fp8 GEMM us | plan | mma.sync us "
+            "| + act quant us | TB/s (rtts) | TB/s (bf16) | speedup vs bf16 |", "|---" * 12 + "|"]
     gemm: list[dict[str, Any]] = []
     for name, N, K in S2_GEMMS:
         for M in ms:
-            r = bench_gemm(N, K, M, stages)
+            r = bench_gemm(N, K, M, stages, clusters)
             gemm.append({"layer": name, "N": N, "K": K, "M": M, **r})
             rows.append(f"| {name} | {N}x{K} | {M} | {r['bf16_us']:.1f} | {r.get('scaled_mm_us', float('nan')):.1f} "
-                        f"| {r['fp8_gemm_us']:.1f} | {r['mma_sync_us']:.1f} | {r['fp8_linear_us']:.1f} "
+                        f"| {r['fp8_gemm_us']:.1f} | {r.get('plan', '-')} | {r['mma_sync_us']:.1f} "
+                        f"| {r['fp8_linear_us']:.1f} "
                         f"| {r['fp8_gemm_TBps']:.2f} | {r['bf16_TBps']:.2f} | {r['speedup_vs_bf16']:.2f}x |")
-            print(rows[-1], " ".join(f"{k}={v:.1f}" for k, v in r.items() if k.startswith("wgmma_stages")),
+            print(rows[-1], " ".join(f"{k}={v:.1f}" for k, v in r.items() if k.startswith(("wgmma_stages",
+                                                                                         "wgmma_cluster"))),
                   flush=True)
     rows += ["", "## MLP block (gate|up GEMM -> SwiGLU + quantize -> down), 2560 -> 9728 -> 2560", "",
              "| M | bf16 us | fp8 us | speedup |", "|---|---|---|---|"]

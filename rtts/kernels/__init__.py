@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -87,26 +88,51 @@ _GEMM_INSTANCES = tuple(f"fp8_gemm<{nt},{w},{str(s).lower()}>" for nt in _NT for
 
 # wgmma kernel (sm_90a): packed weights streamed by bulk copies through a ring of 16 KB stages.
 _WGMMA_NT = (8, 16, 32, 64, 128)  # token tile widths (M <= 128 per launch)
+_LEAN_NT = 16  # tiles up to this width run the 96-register instance, two CTAs per SM (see the kernel)
+_CLUSTER_NT = 64  # widest tile with a cluster-settled instance (its shares must fit in the weight ring)
 _TILE_ROWS = 128  # weight rows per iteration (one 128x128 scale block)
 _TILE_BYTES = 128 * 128
 _WGMMA_THREADS = 256 + 32  # two consumer warpgroups + one producer warp
 _SMEM_LIMIT = 227 * 1024 - 64  # per CTA, less the kernel's static shared memory
-_MAX_STAGES = 4  # 64 KB of weights in flight per SM: 8 measured 0-1.4 us slower per GEMM on the H200 (bench --stages)
+# Two CTAs per SM (lean instances): 228 KB per SM, less 1 KB reserved per CTA and the static shared memory.
+_SMEM_PAIR_LIMIT = 112 * 1024
+_MAX_STAGES = 4  # one CTA per SM: 8 measured 0-1.4 us slower per GEMM than 4 on the H200 (bench --stages)
+_MAX_STAGES_LEAN = 6  # two per SM: the next GEMM prefetches this much while the previous one settles
 _MIN_STAGES = 2
+_MAX_CLUSTER = 8  # portable cluster size
+# Auto plan: global stream-K settlement (release atomic, L2 round trips after the stream) measured ~2-3 us per GEMM
+# on the H200, about this many 16 KB blocks of one SM's share of the weight stream; cluster settlement runs on chip.
+_GLOBAL_SETTLE_BLOCKS = 4
 _MAX_GRID_PER_SM = 4  # stream-K scratch is sized for this many CTAs per SM
 
 
-def _wgmma_instance(nt: int) -> str:
-    return f"fp8_gemm_wgmma<{nt}>"
+class WgmmaPlan(NamedTuple):
+    """Launch plan of the wgmma GEMM. cluster == 1: stream-K over the whole grid, settled through global memory;
+    cluster > 1: clusters of that many CTAs, each owning whole tiles, settled in distributed shared memory."""
+
+    nt: int  # token tile width
+    stages: int  # 16 KB weight stages per CTA
+    grid: int  # CTAs
+    smem: int  # dynamic shared memory per CTA
+    cluster: int  # CTAs per cluster (1: none)
+    iters: int  # the most iterations (16 KB weight blocks) any CTA streams
 
 
-_WGMMA_INSTANCES = tuple(_wgmma_instance(nt) for nt in _WGMMA_NT)
+def _wgmma_instance(nt: int, cluster: bool) -> str:
+    name = "fp8_gemm_wgmma_lean" if nt <= _LEAN_NT else "fp8_gemm_wgmma"
+    return f"{name}<{nt},{'true' if cluster else 'false'}>"
 
 
-def wgmma_smem_bytes(nt: int, blocks: int, stages: int, iters: int) -> int:
+_WGMMA_INSTANCES = tuple(_wgmma_instance(nt, cl) for nt in _WGMMA_NT for cl in (False, True)
+                         if not (cl and nt > _CLUSTER_NT))
+
+
+def wgmma_smem_bytes(nt: int, blocks: int, stages: int, iters: int, cluster: bool = False) -> int:
     """Dynamic shared memory of one CTA: `stages` 16 KB weight stages, `blocks` K blocks of NT tokens (bytes and
-    scales), the weight scales of its `iters` iterations, two mbarriers per stage, 1 KB of alignment slack."""
-    return 1024 + stages * _TILE_BYTES + blocks * nt * (128 + 4) + 4 * iters + 16 * stages + 8
+    scales), the weight scales of its `iters` iterations, the parked share of its first tile (cluster settlement),
+    two mbarriers per stage, 1 KB of alignment slack."""
+    slot = 16 + _TILE_ROWS * nt * 4 if cluster else 0
+    return 1024 + stages * _TILE_BYTES + blocks * nt * (128 + 4) + 4 * iters + slot + 16 * stages + 8
 
 
 def _index(device: torch.device) -> int:
@@ -129,29 +155,61 @@ def _use_wgmma(device: torch.device) -> bool:
 
 
 @functools.cache  # pure, and asked on every call of fp8_gemm
-def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) -> tuple[int, int, int, int]:
-    """(NT, stages, grid, smem bytes) for the stream-K wgmma GEMM (M <= 128, N % 128 == 0): the smallest token tile
-    holding M, a persistent grid of one CTA per SM, and as many weight stages (up to _MAX_STAGES) as the shared
-    memory left after the token blocks allows. A CTA holds every token block it visits (min(K/128, its
-    iterations)); when that leaves fewer than two stages the grid grows so each CTA visits fewer blocks."""
+def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, cluster: int | None = None,
+               capacity: tuple[int, ...] | None = None) -> WgmmaPlan:
+    """The launch plan for M <= 128 tokens, N % 128 == 0: the smallest token tile holding M, then the split of the
+    T = N/128 * K/128 weight blocks over the SMs with the fewest blocks on the busiest CTA, counting global
+    settlement as _GLOBAL_SETTLE_BLOCKS more (`cluster` forces a cluster size, 1 = global stream-K):
+      - global stream-K: one CTA per SM, each a contiguous T/grid range;
+      - clusters of cs CTAs (2..8, NT <= 64): G clusters of whole tiles, each split evenly over its CTAs; G is
+        bounded by the SMs and by `capacity[cs]`, how many such clusters the GPU co-schedules one CTA per SM
+        (default sms // cs; kernels._cluster_capacity asks the driver).
+    Stages: as many (up to _MAX_STAGES, or _MAX_STAGES_LEAN for the two-per-SM lean tiles within half an SM's shared
+    memory) as the memory the token blocks leave allows (a CTA holds min(K/128, its iterations) of them); `stages`
+    lowers that. When fewer than two fit, a global plan grows its grid."""
     nt = next(n for n in _WGMMA_NT if n >= M)
-    KB = K // 128
-    T = (N // _TILE_ROWS) * KB
-    grid = min(T, sms)
+    KB, tiles = K // 128, N // _TILE_ROWS
+    T = tiles * KB
+    lean = nt <= _LEAN_NT
 
-    def fit(grid: int) -> tuple[int, int, int]:
-        iters = math.ceil(T / grid)
+    def stages_for(iters: int, cl: bool) -> tuple[int, int]:
         blocks = min(KB, iters)
-        room = _SMEM_LIMIT - wgmma_smem_bytes(nt, blocks, 0, iters)
-        return blocks, iters, min(_MAX_STAGES, room // (_TILE_BYTES + 16))
+        budgets = ((_SMEM_PAIR_LIMIT, _MAX_STAGES_LEAN), (_SMEM_LIMIT, _MAX_STAGES)) if lean else \
+            ((_SMEM_LIMIT, _MAX_STAGES),)
+        for limit, most in budgets:
+            room = limit - wgmma_smem_bytes(nt, blocks, 0, iters, cl)
+            st = min(most, room // (_TILE_BYTES + 16))
+            if st >= _MIN_STAGES:
+                break
+        if cl:
+            st = max(st, -(-(_TILE_ROWS * nt * 4) // _TILE_BYTES))  # the ring holds the last tile's share
+        if stages is not None:
+            st = max(1, min(st, stages), -(-(_TILE_ROWS * nt * 4) // _TILE_BYTES) if cl else 1)
+        return st, wgmma_smem_bytes(nt, blocks, st, iters, cl)
 
-    blocks, iters, st = fit(grid)
-    while st < _MIN_STAGES and grid < T:
-        grid = min(T, grid + max(1, sms // 4))
-        blocks, iters, st = fit(grid)
-    if stages is not None:
-        st = max(1, min(st, stages))
-    return nt, st, grid, wgmma_smem_bytes(nt, blocks, st, iters)
+    options: list[tuple[float, WgmmaPlan]] = []
+    if cluster in (None, 1):
+        grid = min(T, sms)
+        while True:
+            iters = -(-T // grid)
+            st, smem = stages_for(iters, False)
+            if st >= _MIN_STAGES or grid >= T:
+                break
+            grid = min(T, grid + max(1, sms // 4))
+        options.append((iters + _GLOBAL_SETTLE_BLOCKS, WgmmaPlan(nt, st, grid, smem, 1, iters)))
+    if nt <= _CLUSTER_NT:
+        for cs in range(2, _MAX_CLUSTER + 1) if cluster is None else (cluster,) if cluster > 1 else ():
+            cap = capacity[cs] if capacity is not None else sms // cs
+            G = min(tiles, sms // cs, cap)
+            if G < 1 or tiles // G * KB < cs:  # every CTA needs at least one block
+                continue
+            iters = -(-(-(-tiles // G) * KB) // cs)
+            st, smem = stages_for(iters, True)
+            if smem <= _SMEM_LIMIT:
+                options.append((iters, WgmmaPlan(nt, st, G * cs, smem, cs, iters)))
+    if not options:
+        raise ValueError(f"no wgmma plan for {M}x{N}x{K} with cluster={cluster}")
+    return min(options, key=lambda o: (o[0], o[1].cluster))[1]
 
 
 @dataclasses.dataclass
@@ -268,35 +326,64 @@ def _wgmma_step(N: int, K: int, device_index: int) -> int:
     twice the shared memory per K block, so wide K ranges push its grid past the SM count; measured on the H200 at
     M = 128: gate|up 72 us as one two-wave 128-token launch vs 62 us as two 64-token launches, wqkv 26 vs 37)."""
     sms = _sm_count(device_index)
-    return 128 if wgmma_plan(128, N, K, sms)[2] <= sms and _wgmma_fits(128, N, K, device_index) else 64
+    return 128 if wgmma_plan(128, N, K, sms).grid <= sms and _wgmma_fits(128, N, K, device_index) else 64
+
+
+@functools.cache
+def _cluster_capacity(device_index: int) -> tuple[int, ...] | None:
+    """How many clusters of each size (index = CTAs per cluster, 0..8) the GPU co-schedules with one CTA per SM
+    (the driver's answer for the cluster instance at a shared-memory size that allows one CTA per SM). Clusters live
+    inside one GPC, so on GPUs whose GPCs hold unequal SM counts this is below sms // size."""
+    from rtts.kernels import _jit
+
+    if not _jit.available():  # planning without a GPU (tests): assume sms // size
+        return None
+    sms = _sm_count(device_index)
+    fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(_CLUSTER_NT, True), _WGMMA_INSTANCES)
+    _jit.set_dynamic_smem(fn, _SMEM_LIMIT)
+    out = [0, sms]
+    for cs in range(2, _MAX_CLUSTER + 1):
+        out.append(_jit.max_active_clusters(fn, cs, _WGMMA_THREADS, 120 * 1024))
+    return tuple(out)
+
+
+def _plan(M: int, N: int, K: int, device_index: int, stages: int | None = None,
+          cluster: int | None = None) -> WgmmaPlan:
+    if cluster is None and env.gemm_cluster() is not None:
+        cluster = env.gemm_cluster()
+    return wgmma_plan(M, N, K, _sm_count(device_index), stages, cluster, _cluster_capacity(device_index))
 
 
 @functools.cache
 def _wgmma_fits(M: int, N: int, K: int, device_index: int) -> bool:
-    """The stream-K scratch covers the plan for M tokens (at 64 tokens: layers up to ~200M weights)."""
+    """A plan exists and, for a global stream-K plan, its scratch fits (at 64 tokens: layers up to ~200M weights)."""
     sms = _sm_count(device_index)
-    nt, _, grid, _ = wgmma_plan(M, N, K, sms)
-    return N // _TILE_ROWS <= _STREAMK_TILES and 2 * grid * _TILE_ROWS * nt <= _streamk_floats(sms)
+    try:
+        plan = _plan(M, N, K, device_index)
+    except ValueError:
+        return False
+    return plan.cluster > 1 or (N // _TILE_ROWS <= _STREAMK_TILES
+                                and 2 * plan.grid * _TILE_ROWS * plan.nt <= _streamk_floats(sms))
 
 
 def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wp: torch.Tensor, sw: torch.Tensor,
-                    stages: int | None = None) -> torch.Tensor:
+                    stages: int | None = None, cluster: int | None = None) -> torch.Tensor:
     from rtts.kernels import _jit
 
     M, K = xq.shape
     N = wp.shape[0] * _TILE_ROWS
-    _check(wp.dim() == 4 and M <= _WGMMA_NT[-1] and _wgmma_fits(M, N, K, _index(xq.device)),
+    dev = _index(xq.device)
+    _check(wp.dim() == 4 and M <= _WGMMA_NT[-1] and _wgmma_fits(M, N, K, dev),
            f"fp8_gemm: no wgmma plan for {M}x{N}x{K}")
-    sms = _sm_count(_index(xq.device))
-    nt, st, grid, smem = wgmma_plan(M, N, K, sms, stages)
-    sk = _streamk(xq.device, sms)
+    plan = _plan(M, N, K, dev, stages, cluster)
+    sk = _streamk(xq.device, _sm_count(dev))
     y = torch.empty(M, N, dtype=torch.bfloat16, device=xq.device)
-    fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(nt), _WGMMA_INSTANCES)
-    _jit.set_dynamic_smem(fn, smem)
-    _jit.launch(fn, (grid,), (_WGMMA_THREADS,), (xq.data_ptr(), sx.data_ptr(), wp.data_ptr(), sw.data_ptr(),
-                                                 y.data_ptr(), sk.partials.data_ptr(), sk.counters.data_ptr(), _i32(M),
-                                                 _i32(N), _i32(K), _i32(pad4(M)), _i32(st)), shared_mem=smem,
-                pdl=True)
+    fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(plan.nt, plan.cluster > 1), _WGMMA_INSTANCES)
+    _jit.set_dynamic_smem(fn, plan.smem)
+    _jit.launch(fn, (plan.grid,), (_WGMMA_THREADS,), (xq.data_ptr(), sx.data_ptr(), wp.data_ptr(), sw.data_ptr(),
+                                                      y.data_ptr(), sk.partials.data_ptr(), sk.counters.data_ptr(),
+                                                      _i32(M), _i32(N), _i32(K), _i32(pad4(M)), _i32(plan.stages)),
+                shared_mem=plan.smem, pdl=True, cluster=plan.cluster)
     return y
 
 
@@ -459,6 +546,7 @@ def warmup(device: torch.device) -> None:
         for inst in _WGMMA_INSTANCES:
             _jit.set_dynamic_smem(_jit.function("fp8_gemm_wgmma.cu", inst, _WGMMA_INSTANCES), _SMEM_LIMIT)
         _streamk(device, _sm_count(_index(device)))
+        _cluster_capacity(_index(device))
     for inst in _GEMM_INSTANCES:  # [N, K] weights (any GPU)
         _jit.function("fp8_gemm.cu", inst, _GEMM_INSTANCES)
     _jit.function("fp8_gemm.cu", "gemm_reduce_splits", _GEMM_INSTANCES)

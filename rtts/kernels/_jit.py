@@ -139,15 +139,16 @@ def _external_stream(ptr: int) -> Any:
 
 
 def launch(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int = 0,
-           pdl: bool = False) -> None:
+           pdl: bool = False, cluster: int = 1) -> None:
     """Launch on torch's current stream (read now: inside a graph capture it is the capture stream).
 
     Pointer arguments are passed as Python ints (tensor.data_ptr(), 8 bytes); 32-bit ints and floats must be numpy
     scalars (np.int32 / np.float32) so they have the kernel's parameter size. `pdl`: programmatic dependent launch
-    where the driver has it (module docstring).
+    where the driver has it (module docstring). `cluster` > 1: thread-block clusters of that many CTAs along x (the
+    grid must be a multiple of it).
     """
-    if pdl and pdl_available():
-        _launch_pdl(fn, grid, block, args, shared_mem)
+    if cluster > 1 or (pdl and pdl_available()):
+        _launch_ex(fn, grid, block, args, shared_mem, pdl and pdl_available(), cluster)
         return
     with _external_stream(torch.cuda.current_stream().cuda_stream):
         fn(grid, block, args, shared_mem=shared_mem)
@@ -162,19 +163,56 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
                 ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
 
 
+_CLUSTER_DIMENSION = 4  # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
 _PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+@functools.cache
+def _driver() -> Any:
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
 
 
 @functools.cache
 def _launch_kernel_ex() -> Any:
     """The driver's cuLaunchKernelEx, or None where the driver lacks it (then launches are plain)."""
     try:
-        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
-    except (OSError, AttributeError):
+        fn = _driver().cuLaunchKernelEx
+    except AttributeError:
         return None
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     return fn
+
+
+def _attributes(pdl: bool, cluster: int) -> list[_LaunchAttribute]:
+    attrs = []
+    if cluster > 1:
+        a = _LaunchAttribute(id=_CLUSTER_DIMENSION)
+        a.value[0], a.value[1], a.value[2] = cluster, 1, 1
+        attrs.append(a)
+    if pdl:
+        a = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+        a.value[0] = 1  # programmaticStreamSerializationAllowed
+        attrs.append(a)
+    return attrs
+
+
+def max_active_clusters(fn: Any, cluster: int, block: int, shared_mem: int) -> int:
+    """How many clusters of `cluster` CTAs of `fn` (block threads, shared_mem dynamic bytes each) the GPU runs at
+    once (cuOccupancyMaxActiveClusters); 0 where the driver cannot say."""
+    drv = _driver()
+    if drv is None or not hasattr(drv, "cuOccupancyMaxActiveClusters"):
+        return 0
+    attrs = _attributes(False, cluster)
+    arr = (_LaunchAttribute * len(attrs))(*attrs)
+    cfg = _LaunchConfig((ctypes.c_uint * 3)(cluster, 1, 1), (ctypes.c_uint * 3)(block, 1, 1), shared_mem, None,
+                        ctypes.cast(arr, ctypes.POINTER(_LaunchAttribute)), len(attrs))
+    n = ctypes.c_int(0)
+    rc = drv.cuOccupancyMaxActiveClusters(ctypes.byref(n), ctypes.c_void_p(fn.kernel.ptr), ctypes.byref(cfg))
+    return int(n.value) if rc == 0 else 0
 
 
 def _c_arg(a: Any) -> ctypes._SimpleCData:
@@ -191,14 +229,19 @@ def pdl_available() -> bool:
     return not env.no_pdl() and _launch_kernel_ex() is not None
 
 
-def _launch_pdl(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int) -> None:
+def _launch_ex(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int,
+               pdl: bool, cluster: int) -> None:
+    launch_ex = _launch_kernel_ex()
+    if launch_ex is None:
+        raise RuntimeError("cluster launches need the driver's cuLaunchKernelEx")
     vals = [_c_arg(a) for a in args]
     params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
-    attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
-    attr.value[0] = 1  # programmaticStreamSerializationAllowed
+    attrs = _attributes(pdl, cluster)
+    arr = (_LaunchAttribute * max(1, len(attrs)))(*attrs)
     g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
     cfg = _LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), shared_mem,
-                        torch.cuda.current_stream().cuda_stream, ctypes.pointer(attr), 1)
-    rc = _launch_kernel_ex()(ctypes.byref(cfg), fn.kernel.ptr, params, None)
+                        torch.cuda.current_stream().cuda_stream, ctypes.cast(arr, ctypes.POINTER(_LaunchAttribute)),
+                        len(attrs))
+    rc = launch_ex(ctypes.byref(cfg), fn.kernel.ptr, params, None)
     if rc != 0:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {rc}")

@@ -1,0 +1,138 @@
+"""Do consecutive wgmma GEMMs overlap on the GPU? Per-launch start/end of a chain of GEMMs in one CUDA graph.
+
+The decode step is a chain of kernels; with programmatic dependent launch (PDL) a GEMM's CTAs may start, and stream
+their (constant) weights, while the previous kernel finishes, if an SM has room for both. This probe compiles an
+instrumented copy of `cuda/fp8_gemm_wgmma.cu` (patched in memory; the repository file is untouched) in which every
+CTA takes a ticket at entry (tickets are handed out launch by launch) and records `%globaltimer` at entry, at its
+first weight block and at exit. It replays a graph of CHAIN launches (weights rotated past the L2) and prints, per
+launch, first entry / median first block / last exit relative to the first launch's first entry, and the gap between
+one launch's last exit and the next one's first entry (negative: they overlapped). Variants: PDL on and off, and the
+planner's split against global stream-K (RTTS_GEMM_CLUSTER=1). Also prints occupancy (CTAs per SM) of each plan and
+in-graph us per GEMM for each variant. Session 4 found with it that a GEMM's consumers start ~2 us after the
+previous GEMM's last CTA exits, whatever was prefetched: the chain is bound by that critical path (token load,
+un-prefetched weights, settlement), not by bandwidth.
+
+    python bench/probes/gemm_chain.py            # on the GPU machine, from the repository root
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+
+import torch
+
+from rtts import kernels
+from rtts.bench.kernels import copies_for, time_graph
+from rtts.kernels import _jit
+from rtts.kernels import reference as ref
+
+SLOTS = 4
+CHAIN = 6
+PROBE = (
+    f"__device__ unsigned long long g_trace[65536 * {SLOTS}];\n"
+    "__device__ unsigned int g_ticket;\n"
+    "__device__ __forceinline__ unsigned long long gtime() {\n"
+    "    unsigned long long t;\n"
+    '    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));\n'
+    "    return t;\n"
+    "}\n"
+    f"#define TRS(k, v) do {{ if (s_ticket < 65536u) g_trace[s_ticket * {SLOTS} + (k)] = (v); }} while (0)\n"
+)
+ANCHORS = [
+    ("#define TILE_ROWS 128", PROBE + "#define TILE_ROWS 128"),
+    ("const int tid = threadIdx.x, lane = tid & 31;",
+     "const int tid = threadIdx.x, lane = tid & 31; __shared__ unsigned s_ticket;"
+     " if (tid == 0) { unsigned long long t0 = gtime(); s_ticket = atomicAdd(&g_ticket, 1u);"
+     " TRS(0, t0); } __syncthreads();"),
+    ("        mbar_wait(full0 + 8 * s, (j / stages) & 1);",
+     "        mbar_wait(full0 + 8 * s, (j / stages) & 1); if (tid == 0 && j == 0) TRS(1, gtime());"),
+]
+SHAPES = [("wqkv", 6144, 2560), ("wo", 2560, 4096), ("gate_up", 19456, 2560), ("w2", 2560, 9728)]
+
+
+def instrumented_source(name: str, original=_jit.source) -> str:
+    s = original(name)
+    if name != "fp8_gemm_wgmma.cu":
+        return s
+    for a, b in ANCHORS:
+        if a not in s:
+            raise SystemExit(f"anchor not found in the kernel (update bench/probes/gemm_chain.py): {a!r}")
+        s = s.replace(a, b)
+    end = s.rindex("}", 0, s.index("#define GEMM_PARAMS"))  # the end of gemm_body
+    return s[:end] + "    if (tid == 0) TRS(2, gtime());\n" + s[end:]
+
+
+def main() -> None:
+    import cupy as cp
+
+    instrument = "--plain" not in sys.argv
+    if instrument:
+        _jit.source = instrumented_source  # type: ignore[assignment]
+    kernels.warmup(torch.device("cuda"))
+    mod = _jit.module("fp8_gemm_wgmma.cu", kernels._WGMMA_INSTANCES)
+    out: dict[str, object] = {}
+    for name, N, K in SHAPES:
+        for M in (1, 16, 64):
+            R = min(copies_for(N * K), 8)
+            qs = [ref.quantize_weight(torch.randn(N, K, device="cuda").bfloat16() * 0.05) for _ in range(R)]
+            packed = [(kernels.pack_weight(q), s) for q, s in qs]
+            xq, sx = kernels.quantize_1x128(torch.randn(M, K, device="cuda").bfloat16())
+            for pdl in (True, False):
+                for forced in ("", "1"):
+                    os.environ["RTTS_NO_PDL"] = "" if pdl else "1"
+                    os.environ["RTTS_GEMM_CLUSTER"] = forced
+                    plan = kernels._plan(M, N, K, 0)
+                    grid = plan.grid
+                    fn = _jit.function("fp8_gemm_wgmma.cu", kernels._wgmma_instance(plan.nt, plan.cluster > 1),
+                                       kernels._WGMMA_INSTANCES)
+                    try:
+                        occ = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, 288, plan.smem)
+                    except Exception as e:  # noqa: BLE001
+                        occ = f"? {e}"
+                    key = f"{name} M={M} pdl={int(pdl)} {plan} occupancy={occ}"
+                    calls = [lambda i=i: kernels.fp8_gemm(xq, sx, *packed[i % R]) for i in range(max(32, R))]
+                    us = time_graph(calls) * 1e6
+                    row: dict[str, object] = {"us": round(us, 2)}
+                    if instrument:
+                        g = mod.get_global("g_trace")
+                        t = mod.get_global("g_ticket")
+                        chain = [lambda i=i: kernels.fp8_gemm(xq, sx, *packed[i % R]) for i in range(CHAIN)]
+                        s = torch.cuda.Stream()
+                        with torch.cuda.stream(s):
+                            chain[0]()
+                            graph = torch.cuda.CUDAGraph()
+                            with torch.cuda.graph(graph, stream=s):
+                                for f in chain:
+                                    f()
+                        torch.cuda.synchronize()
+                        for _ in range(3):
+                            cp.cuda.runtime.memset(g.ptr, 0, 65536 * SLOTS * 8)
+                            cp.cuda.runtime.memset(t.ptr, 0, 4)
+                            graph.replay()
+                            torch.cuda.synchronize()
+                        tr = cp.ndarray((65536 * SLOTS,), dtype=cp.uint64, memptr=g).get().reshape(65536, SLOTS)
+                        tr = tr[: CHAIN * grid].astype("int64").reshape(CHAIN, grid, SLOTS)
+                        t0 = int(tr[0, :, 0].min())
+                        launches = []
+                        for k in range(CHAIN):
+                            e = (tr[k, :, 0] - t0) / 1e3
+                            f1 = (tr[k, :, 1] - t0) / 1e3
+                            x = (tr[k, :, 2] - t0) / 1e3
+                            launches.append([round(float(e.min()), 2), round(float(statistics.median(f1)), 2),
+                                             round(float(x.max()), 2)])
+                        gaps = [round(launches[k + 1][0] - launches[k][2], 2) for k in range(CHAIN - 1)]
+                        row.update(launches=launches, gaps=gaps)
+                    out[key] = row
+                    print(f"  {key}: {row}", flush=True)
+    os.environ["RTTS_NO_PDL"] = ""
+    os.environ["RTTS_GEMM_CLUSTER"] = ""
+    dst = os.environ.get("OUT", ".")
+    with open(os.path.join(dst, "gemm-chain.json"), "w") as f:
+        json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
