@@ -35,3 +35,18 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+
+// Programmatic dependent launch (sm_90+; no-ops below): a kernel launched with programmatic stream serialization may
+// start while the previous kernel on the stream runs. pdl_trigger lets the next kernel launch (and stream what does
+// not depend on this one); pdl_wait blocks until the previous kernel has completed and its writes are visible, so
+// everything this kernel reads or writes that the previous one may touch comes after it.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_depend() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}

@@ -189,13 +189,17 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     const int iters = (int)(unit_begin(rl + 1, Tl, Cl) - unit_begin(rl, Tl, Cl));
     const int nb = min(KB, iters);  // distinct K blocks this CTA visits: slot b holds block (kb0 + b) % KB
     const int kb0 = (int)(it0 % KB);
-    const unsigned w_base = smem_u32(smem);                     // [stages][16 KB] weight stages
-    const unsigned b_base = w_base + stages * TILE_BYTES;       // [nb][NT x 128] token blocks
-    float* s_x = reinterpret_cast<float*>(smem + stages * TILE_BYTES + nb * B_BYTES);  // [nb][NT] token scales
-    float* s_w = s_x + nb * NT;  // [iters] weight scales: iteration j's is sw[it0 + j] (sw is [tiles][KB])
-    // CLUSTER: slot A, this CTA's share of its first tile ([R][256] floats), parked mid-loop.
-    const unsigned slot_a = (smem_u32(s_w + iters) + 15u) & ~15u;
-    const unsigned full0 = ((CLUSTER ? slot_a + TILE_ROWS * NT * 4 : smem_u32(s_w + iters)) + 7u) & ~7u;
+    // Layout: [stages][16 KB] weight stages | (CLUSTER) slot A: the share of this CTA's first tile, [R][256] floats,
+    // parked mid-loop | [nb][NT x 128] token blocks | [nb][NT] token scales | [iters] weight scales | mbarriers.
+    // The ring and slot A sit at the same offsets in every CTA (peers address them; iters differs between CTAs);
+    // both are multiples of 1 KB long, so the token blocks keep the swizzle atoms' alignment.
+    constexpr int SLOT_BYTES = CLUSTER ? TILE_ROWS * NT * 4 : 0;
+    const unsigned w_base = smem_u32(smem);
+    const unsigned slot_a = w_base + stages * TILE_BYTES;
+    const unsigned b_base = slot_a + SLOT_BYTES;
+    float* s_x = reinterpret_cast<float*>(smem + stages * TILE_BYTES + SLOT_BYTES + nb * B_BYTES);
+    float* s_w = s_x + nb * NT;  // iteration j's is sw[it0 + j] (sw is [tiles][KB])
+    const unsigned full0 = (smem_u32(s_w + iters) + 7u) & ~7u;
     const unsigned empty0 = full0 + 8 * stages;  // mbarriers full[stages], empty[stages]
 
     // Prologue. The producer warp initializes the stage barriers and signals (bar.arrive: it does not wait) that
@@ -232,11 +236,11 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     }
 
     // ---- consumers. Weight scales join the first cp.async group: read per iteration from global memory, their
-    // latency (they are as cold as the weights) would serialize the loop. Then the tokens, one group per K block in
-    // first-use order (zero fill past M). Only the packed weights are read before pdl_wait (kernels.pack_weight
-    // waits for its own kernels, so no kernel still running can be writing them).
-    pdl_wait();
+    // latency (they are as cold as the weights) would serialize the loop. Like the packed weights they are constants
+    // (written at load time; kernels.pack_weight waits for its own kernels), so they are read before pdl_wait; the
+    // tokens, written by the kernel ahead, after it: one group per K block in first-use order (zero fill past M).
     for (int i = tid; i < iters; i += CONSUMERS) cp_async4(smem_u32(s_w + i), sw + it0 + i, true);
+    pdl_wait();
     for (int b = 0; b < nb; ++b) {
         const int kb = kb0 + b < KB ? kb0 + b : kb0 + b - KB;
         const unsigned sb = b_base + b * B_BYTES;
@@ -264,8 +268,13 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     bool whole = kb == 0;               // the segment being accumulated started at the tile's first K block
     for (int j = 0; j < iters; ++j) {
         const int s = j % stages;
-        if (j < nb) {  // first use of token block j: wait for its copies (every consumer's)
-            cp_async_wait_upto(nb - 1 - j);
+        // First use of token block j: wait for its copies (every consumer's). Narrow tiles (a few KB of tokens, all
+        // landing together) wait for all of them at once: one barrier instead of one per iteration.
+        if (NT <= 16 ? j == 0 : j < nb) {
+            if (NT <= 16)
+                cp_async_wait<0>();
+            else
+                cp_async_wait_upto(nb - 1 - j);
             fence_proxy_async();
             named_barrier(BAR_CONSUMERS, CONSUMERS);
         }

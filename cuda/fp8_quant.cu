@@ -2,8 +2,12 @@
 // MLP's down projection without a bf16 round trip through HBM.
 //
 // Scales are K-major: scale[kb * Mp + m] for row m and 128-column block kb (Mp = M rounded up to 4), the layout the
-// GEMM reads. Dequantized value = q * scale; scale = max(amax, 1e-4) / 448.
+// GEMM reads; the padding rows M..Mp are written as zeros (the buffer comes uninitialized: no memset kernel ahead of
+// this one in the chain). Dequantized value = q * scale; scale = max(amax, 1e-4) / 448.
 // One warp per (row, 128-block): 32 lanes x 4 values.
+// Launched with PDL (kernels.quantize_1x128 / swiglu_quantize): each CTA lets the next kernel (the GEMM this feeds)
+// launch at once, so the GEMM's weight stream starts while this and the kernel before it finish; the input is read
+// only after pdl_depend.
 #include "common.cuh"
 
 __device__ __forceinline__ void quantize_block(const float v[4], int lane, fp8_t* __restrict__ q_out,
@@ -24,6 +28,8 @@ extern "C" __global__ void quantize_1x128(const bf16_t* __restrict__ x, int ldx,
                                           float* __restrict__ scale, int M, int K, int Mp) {
     const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     const int KB = K >> 7;
+    pdl_trigger();
+    pdl_depend();
     if (warp >= M * KB) return;
     const int m = warp / KB, kb = warp - m * KB;
     const bf16_t* src = x + (i64)m * ldx + kb * 128 + lane * 4;
@@ -31,6 +37,7 @@ extern "C" __global__ void quantize_1x128(const bf16_t* __restrict__ x, int ldx,
     float v[4] = {bf16_to_float(raw.x & 0xffff), bf16_to_float(raw.x >> 16),
                   bf16_to_float(raw.y & 0xffff), bf16_to_float(raw.y >> 16)};
     quantize_block(v, lane, q + (i64)m * K + kb * 128, scale + (i64)kb * Mp + m);
+    if (m == M - 1 && lane >= 1 && lane < Mp - m) scale[(i64)kb * Mp + m + lane] = 0.f;  // padding rows (M..Mp)
 }
 
 // gate_up bf16 [M, 2I] = [gate | up] -> h = silu(gate) * up -> q fp8 [M, I], scale fp32 [I/128, Mp]
@@ -38,6 +45,8 @@ extern "C" __global__ void swiglu_quantize_1x128(const bf16_t* __restrict__ gu, 
                                                  float* __restrict__ scale, int M, int I, int Mp) {
     const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
     const int KB = I >> 7;
+    pdl_trigger();
+    pdl_depend();
     if (warp >= M * KB) return;
     const int m = warp / KB, kb = warp - m * KB;
     const bf16_t* gp = gu + (i64)m * 2 * I + kb * 128 + lane * 4;
@@ -52,4 +61,5 @@ extern "C" __global__ void swiglu_quantize_1x128(const bf16_t* __restrict__ gu, 
         v[i] = g / (1.0f + __expf(-g)) * u;
     }
     quantize_block(v, lane, q + (i64)m * I + kb * 128, scale + (i64)kb * Mp + m);
+    if (m == M - 1 && lane >= 1 && lane < Mp - m) scale[(i64)kb * Mp + m + lane] = 0.f;  // padding rows (M..Mp)
 }

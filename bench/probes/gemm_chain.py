@@ -4,9 +4,11 @@ The decode step is a chain of kernels; with programmatic dependent launch (PDL) 
 their (constant) weights, while the previous kernel finishes, if an SM has room for both. This probe compiles an
 instrumented copy of `cuda/fp8_gemm_wgmma.cu` (patched in memory; the repository file is untouched) in which every
 CTA takes a ticket at entry (tickets are handed out launch by launch) and records `%globaltimer` at entry, at its
-first weight block and at exit. It replays a graph of CHAIN launches (weights rotated past the L2) and prints, per
-launch, first entry / median first block / last exit relative to the first launch's first entry, and the gap between
-one launch's last exit and the next one's first entry (negative: they overlapped). Variants: PDL on and off, and the
+first weight block and at exit
+(and where griddepcontrol.wait returned and the last block landed). It replays a graph of CHAIN launches (weights
+rotated past the L2) and prints, per launch, first entry / last exit relative to the first launch's first entry,
+then per later launch, relative to the previous launch's last CTA exit (medians over CTAs): wait returned, first
+block used, last block landed, exit; and the last exit. Variants: PDL on and off, and the
 planner's split against global stream-K (RTTS_GEMM_CLUSTER=1). Also prints occupancy (CTAs per SM) of each plan and
 in-graph us per GEMM for each variant. Session 4 found with it that a GEMM's consumers start ~2 us after the
 previous GEMM's last CTA exits, whatever was prefetched: the chain is bound by that critical path (token load,
@@ -29,7 +31,7 @@ from rtts.bench.kernels import copies_for, time_graph
 from rtts.kernels import _jit
 from rtts.kernels import reference as ref
 
-SLOTS = 4
+SLOTS = 8
 CHAIN = 6
 PROBE = (
     f"__device__ unsigned long long g_trace[65536 * {SLOTS}];\n"
@@ -47,6 +49,10 @@ ANCHORS = [
      "const int tid = threadIdx.x, lane = tid & 31; __shared__ unsigned s_ticket;"
      " if (tid == 0) { unsigned long long t0 = gtime(); s_ticket = atomicAdd(&g_ticket, 1u);"
      " TRS(0, t0); } __syncthreads();"),
+    ("    pdl_wait();\n    for (int i = tid; i < iters; i += CONSUMERS)",
+     "    pdl_wait(); if (tid == 0) TRS(3, gtime());\n    for (int i = tid; i < iters; i += CONSUMERS)"),
+    ("const bool last_segment = j == iters - 1;",
+     "const bool last_segment = j == iters - 1; if (tid == 0 && last_segment) TRS(4, gtime());"),
     ("        mbar_wait(full0 + 8 * s, (j / stages) & 1);",
      "        mbar_wait(full0 + 8 * s, (j / stages) & 1); if (tid == 0 && j == 0) TRS(1, gtime());"),
 ]
@@ -75,13 +81,13 @@ def main() -> None:
     mod = _jit.module("fp8_gemm_wgmma.cu", kernels._WGMMA_INSTANCES)
     out: dict[str, object] = {}
     for name, N, K in SHAPES:
-        for M in (1, 16, 64):
+        for M in (1, 64):
             R = min(copies_for(N * K), 8)
             qs = [ref.quantize_weight(torch.randn(N, K, device="cuda").bfloat16() * 0.05) for _ in range(R)]
             packed = [(kernels.pack_weight(q), s) for q, s in qs]
             xq, sx = kernels.quantize_1x128(torch.randn(M, K, device="cuda").bfloat16())
             for pdl in (True, False):
-                for forced in ("", "1"):
+                for forced in ("", "1", "4") if pdl else ("",):
                     os.environ["RTTS_NO_PDL"] = "" if pdl else "1"
                     os.environ["RTTS_GEMM_CLUSTER"] = forced
                     plan = kernels._plan(M, N, K, 0)
@@ -116,15 +122,18 @@ def main() -> None:
                         tr = cp.ndarray((65536 * SLOTS,), dtype=cp.uint64, memptr=g).get().reshape(65536, SLOTS)
                         tr = tr[: CHAIN * grid].astype("int64").reshape(CHAIN, grid, SLOTS)
                         t0 = int(tr[0, :, 0].min())
-                        launches = []
-                        for k in range(CHAIN):
-                            e = (tr[k, :, 0] - t0) / 1e3
-                            f1 = (tr[k, :, 1] - t0) / 1e3
-                            x = (tr[k, :, 2] - t0) / 1e3
-                            launches.append([round(float(e.min()), 2), round(float(statistics.median(f1)), 2),
-                                             round(float(x.max()), 2)])
-                        gaps = [round(launches[k + 1][0] - launches[k][2], 2) for k in range(CHAIN - 1)]
-                        row.update(launches=launches, gaps=gaps)
+                        us = (tr - t0) / 1e3
+                        launches = [[round(float(us[k, :, 0].min()), 2), round(float(us[k, :, 2].max()), 2)]
+                                    for k in range(CHAIN)]
+                        # Per launch after the first, us after the previous launch's last CTA exit (medians over
+                        # CTAs): griddepcontrol.wait returned, first weight block used, last block landed, exit;
+                        # then the last exit.
+                        steps = []
+                        for k in range(1, CHAIN):
+                            prev = us[k - 1, :, 2].max()
+                            steps.append([round(float(statistics.median(us[k, :, c] - prev)), 2) for c in (3, 1, 4, 2)]
+                                         + [round(float(us[k, :, 2].max() - prev), 2)])
+                        row.update(launches=launches, after_prev_exit=steps)
                     out[key] = row
                     print(f"  {key}: {row}", flush=True)
     os.environ["RTTS_NO_PDL"] = ""

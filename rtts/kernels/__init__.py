@@ -53,11 +53,14 @@ def quantize_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     from rtts.kernels import _jit
 
     q = torch.empty(M, K, dtype=FP8, device=x.device)
-    s = torch.zeros(K // 128, pad4(M), dtype=torch.float32, device=x.device)
+    s = torch.empty(K // 128, pad4(M), dtype=torch.float32, device=x.device)  # the kernel writes the padding too
+    if M == 0:
+        return q, s
     warps = M * (K // 128)
     fn = _jit.function("fp8_quant.cu", "quantize_1x128")
     _jit.launch(fn, (math.ceil(warps / 8),), (256,),
-                (x.data_ptr(), _i32(x.stride(0)), q.data_ptr(), s.data_ptr(), _i32(M), _i32(K), _i32(pad4(M))))
+                (x.data_ptr(), _i32(x.stride(0)), q.data_ptr(), s.data_ptr(), _i32(M), _i32(K), _i32(pad4(M))),
+                pdl=True)
     return q, s
 
 
@@ -73,11 +76,13 @@ def swiglu_quantize(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     I = I2 // 2  # noqa: E741
     q = torch.empty(M, I, dtype=FP8, device=gate_up.device)
-    s = torch.zeros(I // 128, pad4(M), dtype=torch.float32, device=gate_up.device)
+    s = torch.empty(I // 128, pad4(M), dtype=torch.float32, device=gate_up.device)  # padding written by the kernel
+    if M == 0:
+        return q, s
     warps = M * (I // 128)
     fn = _jit.function("fp8_quant.cu", "swiglu_quantize_1x128")
     _jit.launch(fn, (math.ceil(warps / 8),), (256,),
-                (gate_up.data_ptr(), q.data_ptr(), s.data_ptr(), _i32(M), _i32(I), _i32(pad4(M))))
+                (gate_up.data_ptr(), q.data_ptr(), s.data_ptr(), _i32(M), _i32(I), _i32(pad4(M))), pdl=True)
     return q, s
 
 
@@ -100,9 +105,10 @@ _MAX_STAGES = 4  # one CTA per SM: 8 measured 0-1.4 us slower per GEMM than 4 on
 _MAX_STAGES_LEAN = 6  # two per SM: the next GEMM prefetches this much while the previous one settles
 _MIN_STAGES = 2
 _MAX_CLUSTER = 8  # portable cluster size
-# Auto plan: global stream-K settlement (release atomic, L2 round trips after the stream) measured ~2-3 us per GEMM
-# on the H200, about this many 16 KB blocks of one SM's share of the weight stream; cluster settlement runs on chip.
-_GLOBAL_SETTLE_BLOCKS = 4
+# Auto plan: global stream-K settlement (a release atomic and L2 round trips after the stream) costs more the more
+# CTAs share a tile: fitted to H200 timings (session 4, bench --clusters), about this many 16 KB blocks of one SM's
+# weight stream per extra sharer. Tiles shared by two (the fast path) cost nothing; cluster settlement runs on chip.
+_SETTLE_BLOCKS_PER_SHARER = 0.7
 _MAX_GRID_PER_SM = 4  # stream-K scratch is sized for this many CTAs per SM
 
 
@@ -131,7 +137,7 @@ def wgmma_smem_bytes(nt: int, blocks: int, stages: int, iters: int, cluster: boo
     """Dynamic shared memory of one CTA: `stages` 16 KB weight stages, `blocks` K blocks of NT tokens (bytes and
     scales), the weight scales of its `iters` iterations, the parked share of its first tile (cluster settlement),
     two mbarriers per stage, 1 KB of alignment slack."""
-    slot = 16 + _TILE_ROWS * nt * 4 if cluster else 0
+    slot = _TILE_ROWS * nt * 4 if cluster else 0
     return 1024 + stages * _TILE_BYTES + blocks * nt * (128 + 4) + 4 * iters + slot + 16 * stages + 8
 
 
@@ -159,11 +165,14 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
                capacity: tuple[int, ...] | None = None) -> WgmmaPlan:
     """The launch plan for M <= 128 tokens, N % 128 == 0: the smallest token tile holding M, then the split of the
     T = N/128 * K/128 weight blocks over the SMs with the fewest blocks on the busiest CTA, counting global
-    settlement as _GLOBAL_SETTLE_BLOCKS more (`cluster` forces a cluster size, 1 = global stream-K):
+    settlement as _SETTLE_BLOCKS_PER_SHARER per CTA sharing a tile beyond two (`cluster` forces a cluster size,
+    1 = global stream-K):
       - global stream-K: one CTA per SM, each a contiguous T/grid range;
-      - clusters of cs CTAs (2..8, NT <= 64): G clusters of whole tiles, each split evenly over its CTAs; G is
-        bounded by the SMs and by `capacity[cs]`, how many such clusters the GPU co-schedules one CTA per SM
-        (default sms // cs; kernels._cluster_capacity asks the driver).
+      - clusters of cs CTAs (2..8, NT <= 64): G clusters of whole tiles, each split over its CTAs; G is bounded by
+        the SMs and by `capacity[cs]`, how many such clusters the GPU co-schedules one CTA per SM (default
+        sms // cs; kernels._cluster_capacity asks the driver). The planner only picks even splits (every cluster
+        the same tiles, every CTA the same blocks): on the H200 uneven ones (a cluster barrier waits for its
+        busiest CTA) measured slower than global stream-K.
     Stages: as many (up to _MAX_STAGES, or _MAX_STAGES_LEAN for the two-per-SM lean tiles within half an SM's shared
     memory) as the memory the token blocks leave allows (a CTA holds min(K/128, its iterations) of them); `stages`
     lowers that. When fewer than two fit, a global plan grows its grid."""
@@ -196,12 +205,16 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
             if st >= _MIN_STAGES or grid >= T:
                 break
             grid = min(T, grid + max(1, sms // 4))
-        options.append((iters + _GLOBAL_SETTLE_BLOCKS, WgmmaPlan(nt, st, grid, smem, 1, iters)))
+        sharers = -(-KB // iters) + (1 if KB % iters else 0)  # the most CTAs one tile is split over
+        options.append((iters + _SETTLE_BLOCKS_PER_SHARER * max(0, sharers - 2),
+                        WgmmaPlan(nt, st, grid, smem, 1, iters)))
     if nt <= _CLUSTER_NT:
         for cs in range(2, _MAX_CLUSTER + 1) if cluster is None else (cluster,) if cluster > 1 else ():
             cap = capacity[cs] if capacity is not None else sms // cs
             G = min(tiles, sms // cs, cap)
             if G < 1 or tiles // G * KB < cs:  # every CTA needs at least one block
+                continue
+            if cluster is None and (tiles % G or tiles // G * KB % cs):  # auto: even splits only
                 continue
             iters = -(-(-(-tiles // G) * KB) // cs)
             st, smem = stages_for(iters, True)
