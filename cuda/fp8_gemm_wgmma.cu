@@ -27,9 +27,13 @@
 // Stream-K: the grid is persistent (one CTA per SM) and CTA c takes the contiguous iteration range
 // [c*T/C, (c+1)*T/C) of the T = tiles * K/128 iterations in tile-major order, so every CTA streams the same number of
 // weight bytes whatever the shape (no wave quantization, no separate split-K launch for narrow N). A tile covered by
-// one CTA is written straight to y. A tile shared by several is summed by exactly one of them, in CTA order (the same
-// bits whoever sums), from FP32 shares parked in a per-stream workspace and a per-tile arrival counter that the
-// summing CTA resets (graph replays need no memset); see the end of the main loop for the fast path.
+// one CTA is written straight to y. A tile shared by several is summed by the one holding its first K block (always
+// that CTA's last segment), in CTA order (the same bits on every launch): the others park their FP32 shares in a
+// per-stream workspace and count themselves in with a release add (no round trip, so a CTA publishing its first
+// tile mid-range keeps streaming), the summing CTA spins on the tile's counter and resets it (graph replays need no
+// memset). Publishing never waits, so the spin cannot deadlock even when the grid is not resident all at once.
+// Cluster mode (CLUSTER, planned by the host where it settles faster) keeps every shared tile inside a cluster of
+// CTAs and sums it in distributed shared memory instead (reduce_slice).
 //
 // PDL: launched with programmatic stream serialization, the prologue (barrier setup, the first weight copies) runs
 // while the previous kernel finishes; every other global read and all global writes come after griddepcontrol.wait.
@@ -77,7 +81,7 @@ __device__ __forceinline__ void store_tile(const float (&v)[NT / 2], bf16_t* __r
     }
 }
 
-// Sum the shares of tile t in CTA order (so every path gives the same bits), up to ACCS shares' loads in flight,
+// Sum the shares of tile t in CTA order (so every launch gives the same bits), up to ACCS shares' loads in flight,
 // this CTA's own share from registers unless it is already parked in ws; store y and reset the tile's counter.
 template <int NT, int ACCS>
 __device__ __forceinline__ void settle_tile(const float (&own)[NT / 2], bool own_parked, float (&buf)[ACCS][NT / 2],
@@ -169,7 +173,6 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     // Swizzle atoms need 1024-byte alignment; the launch asks for 1 KB of slack.
     const unsigned raw = smem_u32(smem_raw);
     unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
-    __shared__ int s_last;
 
     const int tid = threadIdx.x, lane = tid & 31;
     const int KB = K >> 7, tiles = N / TILE_ROWS, C = gridDim.x, c = blockIdx.x;
@@ -305,7 +308,6 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
         }
 
         if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`
-            const bool last_segment = j == iters - 1;
             if (whole && kb == KB - 1) {
                 store_tile<NT>(total, y, tile * TILE_ROWS + 64 * wg, M, N);
             } else if constexpr (CLUSTER) {
@@ -315,29 +317,24 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
                 float* p = reinterpret_cast<float*>(smem_raw + ((tile == first_tile ? slot_a : w_base) - raw));
 #pragma unroll
                 for (int r = 0; r < R; ++r) p[r * CONSUMERS + tid] = total[r];  // [register][thread]: conflict free
+            } else if (whole) {
+                // A shared tile whose first K block is this CTA's: it settles the tile, once every other share is
+                // counted in. The others publish without waiting (below), so this spin never waits on a CTA that
+                // waits: safe whether or not every CTA of the grid is resident at once.
+                const int want = unit_owner((i64)tile * KB + KB - 1, T, C) - c;
+                if (tid == 0)
+                    while (load_acquire(&counters[tile]) != want) {
+                    }
+                named_barrier(BAR_CONSUMERS, CONSUMERS);  // the acquire above orders every thread's reads below
+                settle_tile<NT, ACCS>(total, false, acc, ws, counters, y, c, tile, T, C, KB, M, N);
             } else {
-                // A shared tile. Its other shares were (for this CTA's last tile, almost always) computed at the
-                // start of the next CTAs' ranges, long ago: if they are all in, sum them with this share from
-                // registers (fast path: one acquire load, no parking, no release). Otherwise park this share and
-                // count it in; the last to arrive sums. The first tile's share is published mid-range, while the
-                // ring keeps the weights coming.
-                const int want = unit_owner((i64)tile * KB + KB - 1, T, C) - unit_owner((i64)tile * KB, T, C);
-                bool parked = false;
-                if (last_segment) {
-                    if (tid == 0) s_last = load_acquire(&counters[tile]) == want;
-                    named_barrier(BAR_CONSUMERS, CONSUMERS);
-                }
-                if (!last_segment || !s_last) {
-                    float* p = ws + partial_slot(c, tile, T, C, KB) * (TILE_ROWS * NT);
+                // Another CTA settles this tile: park the share, then count it in (release: fire and forget, so
+                // only warp 0 waits, for its fence). Mid-range (a CTA's first tile) the ring keeps streaming.
+                float* p = ws + partial_slot(c, tile, T, C, KB) * (TILE_ROWS * NT);
 #pragma unroll
-                    for (int r = 0; r < R; ++r) p[r * CONSUMERS + tid] = total[r];  // [register][thread]: coalesced
-                    parked = true;
-                    named_barrier(BAR_CONSUMERS, CONSUMERS);  // every share stored before the release below
-                    if (tid == 0) s_last = atomic_add_acq_rel(&counters[tile], 1) == want;
-                    named_barrier(BAR_CONSUMERS, CONSUMERS);
-                }
-                if (s_last) settle_tile<NT, ACCS>(total, parked, acc, ws, counters, y, c, tile, T, C, KB, M, N);
-                if (!last_segment) named_barrier(BAR_CONSUMERS, CONSUMERS);  // s_last is read before reuse
+                for (int r = 0; r < R; ++r) p[r * CONSUMERS + tid] = total[r];  // [register][thread]: coalesced
+                named_barrier(BAR_CONSUMERS, CONSUMERS);  // every share stored before the release below
+                if (tid == 0) red_add_release(&counters[tile], 1);
             }
 #pragma unroll
             for (int r = 0; r < R; ++r) total[r] = 0.f;

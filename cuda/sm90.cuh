@@ -87,11 +87,10 @@ __device__ __forceinline__ void bulk_copy_g2s(unsigned dst, const void* src, uns
 __device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
-// GPU-scope atomic add with acquire-release semantics; returns the old value.
-__device__ __forceinline__ int atomic_add_acq_rel(int* p, int v) {
-    int old;
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-    return old;
+// GPU-scope add with release semantics and no result (fire and forget): this thread's earlier writes, and those
+// ordered before it by a CTA barrier, are visible to whoever acquires the new value.
+__device__ __forceinline__ void red_add_release(int* p, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 __device__ __forceinline__ int load_acquire(const int* p) {

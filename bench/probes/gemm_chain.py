@@ -49,10 +49,11 @@ ANCHORS = [
      "const int tid = threadIdx.x, lane = tid & 31; __shared__ unsigned s_ticket;"
      " if (tid == 0) { unsigned long long t0 = gtime(); s_ticket = atomicAdd(&g_ticket, 1u);"
      " TRS(0, t0); } __syncthreads();"),
-    ("    pdl_wait();\n    for (int i = tid; i < iters; i += CONSUMERS)",
-     "    pdl_wait(); if (tid == 0) TRS(3, gtime());\n    for (int i = tid; i < iters; i += CONSUMERS)"),
-    ("const bool last_segment = j == iters - 1;",
-     "const bool last_segment = j == iters - 1; if (tid == 0 && last_segment) TRS(4, gtime());"),
+    ("    pdl_wait();\n    for (int b = 0; b < nb; ++b) {",
+     "    pdl_wait(); if (tid == 0) TRS(3, gtime());\n    for (int b = 0; b < nb; ++b) {"),
+    ("        if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`",
+     "        if (tid == 0 && j == iters - 1) TRS(4, gtime());\n"
+     "        if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`"),
     ("        mbar_wait(full0 + 8 * s, (j / stages) & 1);",
      "        mbar_wait(full0 + 8 * s, (j / stages) & 1); if (tid == 0 && j == 0) TRS(1, gtime());"),
 ]

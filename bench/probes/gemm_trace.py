@@ -8,10 +8,10 @@ the repository file is untouched) that records `%globaltimer` at a few points pe
     ready        the producer warp has initialized the stage barriers
     first_full   the first weight block landed (consumer thread 0)
     last_iter    the last iteration's weights landed
-    settle       the last shared tile's counter was read (fast path when the other shares were in)
+    settle       (a CTA summing a shared tile) every other share of it was counted in
     exit         CTA end
 
-plus the four slowest CTAs in full and how many took the settle fast path. When an anchor no longer matches the
+plus the four slowest CTAs in full. When an anchor no longer matches the
 kernel, this fails loudly: move the anchor, not the kernel. Used in session 3 to find that stream-K settlement (not
 the weight stream) cost 4-6 us per GEMM (bench/results/kernels-h200-2026-11-30.md, "Reading").
 
@@ -45,11 +45,12 @@ ANCHORS = [  # (text in the kernel, replacement)
      "        if (tid == CONSUMERS) TR(1);\n        named_barrier_arrive(BAR_READY, THREADS);"),
     ("        mbar_wait(full0 + 8 * s, (j / stages) & 1);",
      "        mbar_wait(full0 + 8 * s, (j / stages) & 1); if (tid == 0 && j == 0) TR(2);"),
-    ("const bool last_segment = j == iters - 1;",
-     "const bool last_segment = j == iters - 1; if (tid == 0 && last_segment) TR(3);"),
-    ("if (tid == 0) s_last = load_acquire(&counters[tile]) == want;",
-     f"if (tid == 0) {{ s_last = load_acquire(&counters[tile]) == want; TR(4); g_trace[blockIdx.x * {SLOTS} + 6] = "
-     "s_last + 1; }"),
+    ("        if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`",
+     "        if (tid == 0 && j == iters - 1) TR(3);\n"
+     "        if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`"),
+    ("                named_barrier(BAR_CONSUMERS, CONSUMERS);  // the acquire above orders",
+     "                if (tid == 0) TR(4);\n"
+     "                named_barrier(BAR_CONSUMERS, CONSUMERS);  // the acquire above orders"),
 ]
 LABELS = [(0, "enter"), (1, "ready"), (2, "first_full"), (3, "last_iter"), (4, "settle"), (5, "exit")]
 SHAPES = [("wqkv", 6144, 2560), ("wo", 2560, 4096), ("gate_up", 19456, 2560), ("w2", 2560, 9728)]
@@ -95,10 +96,7 @@ def main() -> None:
                 v = [(int(x) - t0) / 1e3 for x in tr[:, k] if x > 0]
                 if v:
                     cols.append(f"{label}={min(v):.2f}/{statistics.median(v):.2f}/{max(v):.2f}")
-            fast = int((tr[:, 6] == 2).sum())
-            tried = int((tr[:, 6] > 0).sum())
-            print(f"{name} M={M} grid={grid} stages={stages} smem={smem}: " + "  ".join(cols)
-                  + f"  fast-path {fast}/{tried}", flush=True)
+            print(f"{name} M={M} grid={grid} stages={stages} smem={smem}: " + "  ".join(cols), flush=True)
             for i in sorted(range(grid), key=lambda i: -int(tr[i, 5]))[:4]:
                 print(f"    slow CTA {i}: " + " ".join(
                     f"{label}={(int(tr[i, k]) - t0) / 1e3:.2f}" for k, label in LABELS if tr[i, k] > 0), flush=True)
