@@ -81,21 +81,22 @@ __device__ __forceinline__ void store_tile(const float (&v)[NT / 2], bf16_t* __r
     }
 }
 
-// Sum the shares of tile t in CTA order (so every launch gives the same bits), up to ACCS shares' loads in flight,
-// this CTA's own share from registers unless it is already parked in ws; store y and reset the tile's counter.
+// Sum the shares of tile t in CTA order (so every launch gives the same bits), this CTA's own share from registers
+// unless it is already parked in ws; store y and reset the tile's counter. Shares are read GROUP at a time (each
+// group costs one L2 round trip): five at NT = 8, the most that fit the lean instance's 96 registers unspilled.
 template <int NT, int ACCS>
-__device__ __forceinline__ void settle_tile(const float (&own)[NT / 2], bool own_parked, float (&buf)[ACCS][NT / 2],
-                                            const float* __restrict__ ws, int* __restrict__ counters,
-                                            bf16_t* __restrict__ y, int c, int t, i64 T, int C, int KB, int M, int N) {
-    constexpr int R = NT / 2;
+__device__ __forceinline__ void settle_tile(const float (&own)[NT / 2], bool own_parked, const float* __restrict__ ws,
+                                            int* __restrict__ counters, bf16_t* __restrict__ y, int c, int t, i64 T,
+                                            int C, int KB, int M, int N) {
+    constexpr int R = NT / 2, GROUP = (NT == 8 ? 5 : ACCS);
     const int tid = threadIdx.x;
     const int c_lo = unit_owner((i64)t * KB, T, C), c_hi = unit_owner((i64)t * KB + KB - 1, T, C);
-    float sum[R];
+    float sum[R], buf[GROUP][R];
 #pragma unroll
     for (int r = 0; r < R; ++r) sum[r] = 0.f;
-    for (int c0 = c_lo; c0 <= c_hi; c0 += ACCS) {
+    for (int c0 = c_lo; c0 <= c_hi; c0 += GROUP) {
 #pragma unroll
-        for (int u = 0; u < ACCS; ++u) {
+        for (int u = 0; u < GROUP; ++u) {
             const int cc = c0 + u;
             if (cc > c_hi) break;
             if (cc == c && !own_parked) {
@@ -108,7 +109,7 @@ __device__ __forceinline__ void settle_tile(const float (&own)[NT / 2], bool own
             }
         }
 #pragma unroll
-        for (int u = 0; u < ACCS; ++u) {
+        for (int u = 0; u < GROUP; ++u) {
             if (c0 + u > c_hi) break;
 #pragma unroll
             for (int r = 0; r < R; ++r) sum[r] += buf[u][r];
@@ -267,7 +268,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
 
     const int wg = tid >> 7;
     const int first_tile = (int)(it0 / KB);
-    int tile = first_tile, kb = kb0, slot = 0;
+    int tile = first_tile, kb = kb0, slot = 0, settle = -1;
     bool whole = kb == 0;               // the segment being accumulated started at the tile's first K block
     for (int j = 0; j < iters; ++j) {
         const int s = j % stages;
@@ -318,15 +319,9 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
 #pragma unroll
                 for (int r = 0; r < R; ++r) p[r * CONSUMERS + tid] = total[r];  // [register][thread]: conflict free
             } else if (whole) {
-                // A shared tile whose first K block is this CTA's: it settles the tile, once every other share is
-                // counted in. The others publish without waiting (below), so this spin never waits on a CTA that
-                // waits: safe whether or not every CTA of the grid is resident at once.
-                const int want = unit_owner((i64)tile * KB + KB - 1, T, C) - c;
-                if (tid == 0)
-                    while (load_acquire(&counters[tile]) != want) {
-                    }
-                named_barrier(BAR_CONSUMERS, CONSUMERS);  // the acquire above orders every thread's reads below
-                settle_tile<NT, ACCS>(total, false, acc, ws, counters, y, c, tile, T, C, KB, M, N);
+                // A shared tile whose first K block is this CTA's: this is its last segment, and it settles the tile
+                // after the loop (where the loop's registers are free for the shares it reads).
+                settle = tile;
             } else {
                 // Another CTA settles this tile: park the share, then count it in (release: fire and forget, so
                 // only warp 0 waits, for its fence). Mid-range (a CTA's first tile) the ring keeps streaming.
@@ -336,8 +331,10 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
                 named_barrier(BAR_CONSUMERS, CONSUMERS);  // every share stored before the release below
                 if (tid == 0) red_add_release(&counters[tile], 1);
             }
+            if (j + 1 < iters) {
 #pragma unroll
-            for (int r = 0; r < R; ++r) total[r] = 0.f;
+                for (int r = 0; r < R; ++r) total[r] = 0.f;
+            }
             whole = true;
         }
         if (++kb == KB) {
@@ -345,6 +342,16 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
             ++tile;
         }
         if (++slot == KB) slot = 0;
+    }
+    if (settle >= 0) {
+        // Every other share of the tile counted in: they publish without waiting (above), so this spin never waits
+        // on a CTA that waits, and is safe whether or not every CTA of the grid is resident at once.
+        const int want = unit_owner((i64)settle * KB + KB - 1, T, C) - c;
+        if (tid == 0)
+            while (load_acquire(&counters[settle]) != want) {
+            }
+        named_barrier(BAR_CONSUMERS, CONSUMERS);  // the acquire above orders every thread's reads below
+        settle_tile<NT, ACCS>(total, false, ws, counters, y, c, settle, T, C, KB, M, N);
     }
     if constexpr (CLUSTER) {
         cluster_sync();  // every share of every tile of the cluster is parked

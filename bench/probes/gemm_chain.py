@@ -54,6 +54,10 @@ ANCHORS = [
     ("        if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`",
      "        if (tid == 0 && j == iters - 1) TRS(4, gtime());\n"
      "        if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`"),
+    ("        named_barrier(BAR_CONSUMERS, CONSUMERS);  // the acquire above orders",
+     "        if (tid == 0) TRS(5, gtime());\n"
+     "        named_barrier(BAR_CONSUMERS, CONSUMERS);  // the acquire above orders"),
+    ("    pdl_launch_dependents();\n", "    pdl_launch_dependents();\n    if (tid == 0) TRS(6, blockIdx.x + 1);\n"),
     ("        mbar_wait(full0 + 8 * s, (j / stages) & 1);",
      "        mbar_wait(full0 + 8 * s, (j / stages) & 1); if (tid == 0 && j == 0) TRS(1, gtime());"),
 ]
@@ -76,19 +80,21 @@ def main() -> None:
     import cupy as cp
 
     instrument = "--plain" not in sys.argv
+    sys.argv = [a for a in sys.argv if a != "--plain"]
     if instrument:
         _jit.source = instrumented_source  # type: ignore[assignment]
     kernels.warmup(torch.device("cuda"))
     mod = _jit.module("fp8_gemm_wgmma.cu", kernels._WGMMA_INSTANCES)
     out: dict[str, object] = {}
-    for name, N, K in SHAPES:
+    shapes = [sh for sh in SHAPES if not sys.argv[1:] or sh[0] in sys.argv[1:]]
+    for name, N, K in shapes:
         for M in (1, 64):
             R = min(copies_for(N * K), 8)
             qs = [ref.quantize_weight(torch.randn(N, K, device="cuda").bfloat16() * 0.05) for _ in range(R)]
             packed = [(kernels.pack_weight(q), s) for q, s in qs]
             xq, sx = kernels.quantize_1x128(torch.randn(M, K, device="cuda").bfloat16())
             for pdl in (True, False):
-                for forced in ("", "1", "4") if pdl else ("",):
+                for forced in ("", "1", "8") if pdl else ("",):
                     os.environ["RTTS_NO_PDL"] = "" if pdl else "1"
                     os.environ["RTTS_GEMM_CLUSTER"] = forced
                     plan = kernels._plan(M, N, K, 0)
@@ -135,6 +141,17 @@ def main() -> None:
                             steps.append([round(float(statistics.median(us[k, :, c] - prev)), 2) for c in (3, 1, 4, 2)]
                                          + [round(float(us[k, :, 2].max() - prev), 2)])
                         row.update(launches=launches, after_prev_exit=steps)
+                        # The slowest CTAs of launch 3: block, then us after launch 2's last exit: wait returned,
+                        # first block, last block, spin done (a CTA summing a shared tile; -1 otherwise), exit.
+                        prev = us[2, :, 2].max()
+                        slow = []
+                        for i in sorted(range(grid), key=lambda i: -us[3, i, 2])[:6]:
+                            spin = round(float(us[3, i, 5] - prev), 2) if tr[3, i, 5] > 0 else -1
+                            at = [round(float(us[3, i, c] - prev), 2) for c in (3, 1, 4)]
+                            slow.append([int(tr[3, i, 6]) - 1, *at, spin, round(float(us[3, i, 2] - prev), 2)])
+                        spins = [float(us[3, i, 5] - prev) for i in range(grid) if tr[3, i, 5] > 0]
+                        row.update(slowest=slow, settlers=len(spins),
+                                   spin_done_median=round(statistics.median(spins), 2) if spins else None)
                     out[key] = row
                     print(f"  {key}: {row}", flush=True)
     os.environ["RTTS_NO_PDL"] = ""

@@ -48,9 +48,9 @@ ANCHORS = [  # (text in the kernel, replacement)
     ("        if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`",
      "        if (tid == 0 && j == iters - 1) TR(3);\n"
      "        if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`"),
-    ("                named_barrier(BAR_CONSUMERS, CONSUMERS);  // the acquire above orders",
-     "                if (tid == 0) TR(4);\n"
-     "                named_barrier(BAR_CONSUMERS, CONSUMERS);  // the acquire above orders"),
+    ("        named_barrier(BAR_CONSUMERS, CONSUMERS);  // the acquire above orders",
+     "        if (tid == 0) TR(4);\n"
+     "        named_barrier(BAR_CONSUMERS, CONSUMERS);  // the acquire above orders"),
 ]
 LABELS = [(0, "enter"), (1, "ready"), (2, "first_full"), (3, "last_iter"), (4, "settle"), (5, "exit")]
 SHAPES = [("wqkv", 6144, 2560), ("wo", 2560, 4096), ("gate_up", 19456, 2560), ("w2", 2560, 9728)]
