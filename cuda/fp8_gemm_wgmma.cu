@@ -46,16 +46,22 @@
 #define BAR_CONSUMERS 1   // named barrier over the consumer threads
 #define BAR_READY 2       // producer warp -> consumers: stage barriers initialized
 
-__device__ __forceinline__ i64 unit_begin(int c, i64 T, int C) { return (i64)c * T / C; }
-
-// The CTA whose iteration range holds iteration u: the largest c with floor(c*T/C) <= u.
-__device__ __forceinline__ int unit_owner(i64 u, i64 T, int C) { return (int)(((u + 1) * C + T - 1) / T) - 1; }
-
-// Partial-tile slot of CTA c for tile t: a CTA shares at most its first and its last tile.
-__device__ __forceinline__ i64 partial_slot(int c, int t, i64 T, int C, int KB) {
-    return 2 * (i64)c + (t == (int)(unit_begin(c, T, C) / KB) ? 0 : 1);
+// 64-bit division is a long emulated sequence on the GPU (measured: the ~18 of them a settling CTA used to do cost
+// microseconds on its critical path), so both use 32-bit math whenever the products fit, as for every decode shape.
+__device__ __forceinline__ i64 unit_begin(int c, i64 T, int C) {
+    if (T * (C + 1) < (1ll << 32)) return (i64)((unsigned)c * (unsigned)T / (unsigned)C);
+    return (i64)c * T / C;
 }
 
+// The CTA whose iteration range holds iteration u: the largest c with floor(c*T/C) <= u.
+__device__ __forceinline__ int unit_owner(i64 u, i64 T, int C) {
+    if ((T + u + 1) * (C + 1) < (1ll << 32))
+        return (int)(((unsigned)(u + 1) * (unsigned)C + (unsigned)T - 1u) / (unsigned)T) - 1;
+    return (int)(((u + 1) * C + T - 1) / T) - 1;
+}
+
+// Parked shares: only a CTA's first segment can start inside a tile, so a share summed by another CTA is always
+// its first tile's, and each CTA parks at most one, in slot c (ws holds [C][128 x NT] floats).
 // Wait until at most n of this thread's cp.async groups are pending (n clamped to 7: waiting for more is safe).
 __device__ __forceinline__ void cp_async_wait_upto(int n) {
     switch (n) {
@@ -83,12 +89,12 @@ __device__ __forceinline__ void store_tile(const float (&v)[NT / 2], bf16_t* __r
 
 // Sum the shares of tile t in CTA order (so every launch gives the same bits), this CTA's own share from registers
 // unless it is already parked in ws; store y and reset the tile's counter. Shares are read GROUP at a time (each
-// group costs one L2 round trip): five at NT = 8, the most that fit the lean instance's 96 registers unspilled.
+// group costs one L2 round trip): at NT = 8 all of a tile's (up to 8 for the decode shapes) at once.
 template <int NT, int ACCS>
 __device__ __forceinline__ void settle_tile(const float (&own)[NT / 2], bool own_parked, const float* __restrict__ ws,
                                             int* __restrict__ counters, bf16_t* __restrict__ y, int c, int t, i64 T,
                                             int C, int KB, int M, int N) {
-    constexpr int R = NT / 2, GROUP = (NT == 8 ? 5 : ACCS);
+    constexpr int R = NT / 2, GROUP = (NT == 8 ? 8 : ACCS);
     const int tid = threadIdx.x;
     const int c_lo = unit_owner((i64)t * KB, T, C), c_hi = unit_owner((i64)t * KB + KB - 1, T, C);
     float sum[R], buf[GROUP][R];
@@ -103,7 +109,7 @@ __device__ __forceinline__ void settle_tile(const float (&own)[NT / 2], bool own
 #pragma unroll
                 for (int r = 0; r < R; ++r) buf[u][r] = own[r];
             } else {
-                const float* q = ws + partial_slot(cc, t, T, C, KB) * (TILE_ROWS * NT);
+                const float* q = ws + (i64)cc * (TILE_ROWS * NT);
 #pragma unroll
                 for (int r = 0; r < R; ++r) buf[u][r] = __ldcg(q + r * CONSUMERS + tid);
             }
@@ -128,13 +134,13 @@ __device__ __forceinline__ void reduce_slice(unsigned slot_a, unsigned slot_b, b
     constexpr int F = TILE_ROWS * NT;  // floats per share: [NT / 2 registers][256 consumer threads]
     const int r_lo = unit_owner((i64)t * KB - base, Tl, Cl), r_hi = unit_owner((i64)t * KB + KB - 1 - base, Tl, Cl);
     const int S = r_hi - r_lo + 1, i = rl - r_lo;
+    // Every sharer but the first holds t as its first tile (slot A); the first one does when its range starts at
+    // t's first block, else t is its last tile (slot B).
+    const bool lo_first = unit_begin(r_lo, Tl, Cl) == (i64)t * KB - base;
     unsigned src[8];  // a cluster has at most 8 CTAs
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
-        const int rr = r_lo + u;
-        const bool first = u < S && (base + unit_begin(rr, Tl, Cl)) / KB == t;
-        src[u] = u < S ? mapa_shared(first ? slot_a : slot_b, (unsigned)rr) : 0u;
-    }
+    for (int u = 0; u < 8; ++u)
+        src[u] = u < S ? mapa_shared(u > 0 || lo_first ? slot_a : slot_b, (unsigned)(r_lo + u)) : 0u;
     const int lo = i * F / S, hi = (i + 1) * F / S;
     for (int q = lo + (int)threadIdx.x; q < hi; q += CONSUMERS) {
         const int r = q / CONSUMERS, th = q % CONSUMERS, l = th & 31;
@@ -193,6 +199,10 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     const int iters = (int)(unit_begin(rl + 1, Tl, Cl) - unit_begin(rl, Tl, Cl));
     const int nb = min(KB, iters);  // distinct K blocks this CTA visits: slot b holds block (kb0 + b) % KB
     const int kb0 = (int)(it0 % KB);
+    const int first_tile = (int)(it0 / KB), last_tile = (int)((it0 + iters - 1) / KB);
+    // (CLUSTER) whether this CTA shares its first / last tile with others (computed here, off the critical path)
+    const bool first_shared = kb0 != 0 || it0 + iters < (i64)(first_tile + 1) * KB;
+    const bool last_shared = last_tile != first_tile && (it0 + iters) % KB != 0;
     // Layout: [stages][16 KB] weight stages | (CLUSTER) slot A: the share of this CTA's first tile, [R][256] floats,
     // parked mid-loop | [nb][NT x 128] token blocks | [nb][NT] token scales | [iters] weight scales | mbarriers.
     // The ring and slot A sit at the same offsets in every CTA (peers address them; iters differs between CTAs);
@@ -267,7 +277,6 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     }
 
     const int wg = tid >> 7;
-    const int first_tile = (int)(it0 / KB);
     int tile = first_tile, kb = kb0, slot = 0, settle = -1;
     bool whole = kb == 0;               // the segment being accumulated started at the tile's first K block
     for (int j = 0; j < iters; ++j) {
@@ -325,7 +334,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
             } else {
                 // Another CTA settles this tile: park the share, then count it in (release: fire and forget, so
                 // only warp 0 waits, for its fence). Mid-range (a CTA's first tile) the ring keeps streaming.
-                float* p = ws + partial_slot(c, tile, T, C, KB) * (TILE_ROWS * NT);
+                float* p = ws + (i64)c * (TILE_ROWS * NT);  // this is its first tile (see settle_tile)
 #pragma unroll
                 for (int r = 0; r < R; ++r) p[r * CONSUMERS + tid] = total[r];  // [register][thread]: coalesced
                 named_barrier(BAR_CONSUMERS, CONSUMERS);  // every share stored before the release below
@@ -356,11 +365,8 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     if constexpr (CLUSTER) {
         cluster_sync();  // every share of every tile of the cluster is parked
         if (iters > 0) {
-            const int last_tile = (int)((it0 + iters - 1) / KB);
-            const bool first_shared = it0 % KB != 0 || it0 + iters < (i64)(first_tile + 1) * KB;
             if (first_shared) reduce_slice<NT>(slot_a, w_base, y, first_tile, base, Tl, Cl, rl, KB, M, N);
-            if (last_tile != first_tile && (it0 + iters) % KB != 0)
-                reduce_slice<NT>(slot_a, w_base, y, last_tile, base, Tl, Cl, rl, KB, M, N);
+            if (last_shared) reduce_slice<NT>(slot_a, w_base, y, last_tile, base, Tl, Cl, rl, KB, M, N);
         }
         cluster_sync();  // the peers are done reading this CTA's shares
     }
