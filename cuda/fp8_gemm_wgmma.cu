@@ -233,11 +233,14 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
         __syncwarp();
         named_barrier_arrive(BAR_READY, THREADS);
         if (tid == CONSUMERS) {
-            for (int j = 0; j < iters; ++j) {
-                const int s = j % stages;
-                if (j >= stages) mbar_wait(empty0 + 8 * s, ((j / stages) - 1) & 1);  // every consumer warp released it
+            for (int j = 0, s = 0, phase = 0; j < iters; ++j) {  // stage s = j % stages, phase = j / stages & 1
+                if (j >= stages) mbar_wait(empty0 + 8 * s, phase ^ 1);  // every consumer warp released it
                 mbar_arrive_expect_tx(full0 + 8 * s, TILE_BYTES);
                 bulk_copy_g2s(w_base + s * TILE_BYTES, src + (i64)j * TILE_BYTES, TILE_BYTES, full0 + 8 * s);
+                if (++s == stages) {
+                    s = 0;
+                    phase ^= 1;
+                }
             }
         }
         if constexpr (!CLUSTER) return;  // the copies complete on their own; the consumers keep the CTA alive
@@ -279,8 +282,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     const int wg = tid >> 7;
     int tile = first_tile, kb = kb0, slot = 0, settle = -1;
     bool whole = kb == 0;               // the segment being accumulated started at the tile's first K block
-    for (int j = 0; j < iters; ++j) {
-        const int s = j % stages;
+    for (int j = 0, s = 0, phase = 0; j < iters; ++j) {  // stage s = j % stages, phase = j / stages & 1
         // First use of token block j: wait for its copies (every consumer's). Narrow tiles (a few KB of tokens, all
         // landing together) wait for all of them at once: one barrier instead of one per iteration.
         if (NT <= 16 ? j == 0 : j < nb) {
@@ -291,7 +293,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
             fence_proxy_async();
             named_barrier(BAR_CONSUMERS, CONSUMERS);
         }
-        mbar_wait(full0 + 8 * s, (j / stages) & 1);
+        mbar_wait(full0 + 8 * s, phase);
         const unsigned a = w_base + s * TILE_BYTES + wg * (TILE_BYTES / 2), b = b_base + slot * B_BYTES;
         wgmma_fence();
 #pragma unroll
@@ -351,6 +353,10 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
             ++tile;
         }
         if (++slot == KB) slot = 0;
+        if (++s == stages) {
+            s = 0;
+            phase ^= 1;
+        }
     }
     if (settle >= 0) {
         // Every other share of the tile counted in: they publish without waiting (above), so this spin never waits

@@ -58,8 +58,8 @@ ANCHORS = [
      "        if (tid == 0) TRS(5, gtime());\n"
      "        named_barrier(BAR_CONSUMERS, CONSUMERS);  // the acquire above orders"),
     ("    pdl_launch_dependents();\n", "    pdl_launch_dependents();\n    if (tid == 0) TRS(6, blockIdx.x + 1);\n"),
-    ("        mbar_wait(full0 + 8 * s, (j / stages) & 1);",
-     "        mbar_wait(full0 + 8 * s, (j / stages) & 1); if (tid == 0 && j == 0) TRS(1, gtime());"),
+    ("        mbar_wait(full0 + 8 * s, phase);",
+     "        mbar_wait(full0 + 8 * s, phase); if (tid == 0 && j == 0) TRS(1, gtime());"),
 ]
 SHAPES = [("wqkv", 6144, 2560), ("wo", 2560, 4096), ("gate_up", 19456, 2560), ("w2", 2560, 9728)]
 

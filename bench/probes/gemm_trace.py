@@ -43,8 +43,8 @@ ANCHORS = [  # (text in the kernel, replacement)
      "const int tid = threadIdx.x, lane = tid & 31; if (tid == 0) TR(0);"),
     ("        named_barrier_arrive(BAR_READY, THREADS);",
      "        if (tid == CONSUMERS) TR(1);\n        named_barrier_arrive(BAR_READY, THREADS);"),
-    ("        mbar_wait(full0 + 8 * s, (j / stages) & 1);",
-     "        mbar_wait(full0 + 8 * s, (j / stages) & 1); if (tid == 0 && j == 0) TR(2);"),
+    ("        mbar_wait(full0 + 8 * s, phase);",
+     "        mbar_wait(full0 + 8 * s, phase); if (tid == 0 && j == 0) TR(2);"),
     ("        if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`",
      "        if (tid == 0 && j == iters - 1) TR(3);\n"
      "        if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`"),
