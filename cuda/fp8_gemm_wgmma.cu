@@ -14,6 +14,8 @@
 //   - warp 8 (producer): one thread walks this CTA's iterations and, for each, waits until stage s is free, then
 //     issues one 16 KB bulk copy (TMA engine) of the packed block that completes on full[s]. Packed blocks are in
 //     iteration order, so a CTA's weights are one contiguous stream.
+//   - warp 9 (publisher, global stream-K only): counts this CTA's first tile in when its share was parked mid-range
+//     (a release add, whose fence would otherwise stall a consumer warpgroup while the ring holds weights).
 //   - warps 0-7 (two consumer warpgroups, 64 rows each): wait on full[s], four m64nNTk32 wgmmas from shared memory,
 //     release the stage (empty[s], one arrive per warp once its wgmma wait returns), promote in FP32:
 //     total += acc * sw * sx (per 128-K block, so FP8 rounding never accumulates across blocks). Per iteration only
@@ -42,9 +44,10 @@
 #define TILE_ROWS 128     // weight rows per iteration: one 128x128 scale block, 64 per consumer warpgroup
 #define TILE_BYTES 16384  // one packed block
 #define CONSUMERS 256     // two warpgroups
-#define THREADS (CONSUMERS + 32)
+#define THREADS (CONSUMERS + 64)
 #define BAR_CONSUMERS 1   // named barrier over the consumer threads
-#define BAR_READY 2       // producer warp -> consumers: stage barriers initialized
+#define BAR_READY 2       // producer warp -> consumers: stage barriers initialized (CONSUMERS + 32 threads)
+#define BAR_PUBLISH 3     // consumers -> publisher warp: the first tile's share is parked (CONSUMERS + 32 threads)
 
 // 64-bit division is a long emulated sequence on the GPU (measured: the ~18 of them a settling CTA used to do cost
 // microseconds on its critical path), so both use 32-bit math whenever the products fit, as for every decode shape.
@@ -173,7 +176,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     // 128-wide K block go into separate accumulators (as many as registers allow) that are summed in FP32: with
     // four, no tensor-core sum spans more than 32 products. Measured: one accumulator per block averaged 0.3-0.43
     // bf16 ulp of error against the exact product, with outliers of thousands of ulp on outputs near zero.
-    // NT = 128 keeps one: with 9 warps per CTA, 3 share an SM sub-partition, which caps a thread at 168 registers,
+    // NT = 128 keeps one: with 10 warps per CTA, 3 share an SM sub-partition, which caps a thread at 168 registers,
     // and its FP32 total, accumulator and settle sum alone take 192 (ptxas spills ~460 bytes at NT = 128).
     constexpr int ACCS = NT <= 32 ? 4 : (NT == 64 ? 2 : 1);
     extern __shared__ unsigned char smem_raw[];
@@ -222,6 +225,18 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     // the stream finishes: the packed weights are constants, so everything but their stream waits for it (pdl_wait).
     pdl_launch_dependents();
     const fp8_t* src = wp + it0 * TILE_BYTES;
+    // A first tile shared with earlier CTAs and finished before this CTA's range ends is published mid-range.
+    const bool mid_publish = !CLUSTER && kb0 != 0 && it0 + iters > (i64)(first_tile + 1) * KB;
+    if (tid >= CONSUMERS + 32) {  // ---- publisher warp
+        if constexpr (CLUSTER) {
+            cluster_sync();
+            cluster_sync();
+        } else if (mid_publish) {
+            named_barrier(BAR_PUBLISH, CONSUMERS + 32);  // the consumers' stores are ordered before this
+            if (tid == CONSUMERS + 32) red_add_release(&counters[first_tile], 1);
+        }
+        return;
+    }
     if (tid >= CONSUMERS) {  // ---- producer warp: one thread streams the weights
         if (tid == CONSUMERS) {
             for (int s = 0; s < stages; ++s) {
@@ -231,7 +246,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
             fence_proxy_async();  // the inits are visible to the TMA engine (async proxy)
         }
         __syncwarp();
-        named_barrier_arrive(BAR_READY, THREADS);
+        named_barrier_arrive(BAR_READY, CONSUMERS + 32);
         if (tid == CONSUMERS) {
             for (int j = 0, s = 0, phase = 0; j < iters; ++j) {  // stage s = j % stages, phase = j / stages & 1
                 if (j >= stages) mbar_wait(empty0 + 8 * s, phase ^ 1);  // every consumer warp released it
@@ -269,7 +284,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
         if (tid < NT) cp_async4(smem_u32(s_x + b * NT + tid), sx + (i64)kb * Mp + (tid < M ? tid : 0), tid < M);
         cp_async_commit();
     }
-    named_barrier(BAR_READY, THREADS);  // the stage barriers are initialized
+    named_barrier(BAR_READY, CONSUMERS + 32);  // the stage barriers are initialized
 
     float total[R], acc[ACCS][R];
 #pragma unroll
@@ -334,13 +349,18 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
                 // after the loop (where the loop's registers are free for the shares it reads).
                 settle = tile;
             } else {
-                // Another CTA settles this tile: park the share, then count it in (release: fire and forget, so
-                // only warp 0 waits, for its fence). Mid-range (a CTA's first tile) the ring keeps streaming.
+                // Another CTA settles this tile: park the share, then count it in (a release add, fire and forget).
+                // Mid-range the publisher warp does that and the consumers go on at once; at the end of the range
+                // there is nothing else to do.
                 float* p = ws + (i64)c * (TILE_ROWS * NT);  // this is its first tile (see settle_tile)
 #pragma unroll
                 for (int r = 0; r < R; ++r) p[r * CONSUMERS + tid] = total[r];  // [register][thread]: coalesced
-                named_barrier(BAR_CONSUMERS, CONSUMERS);  // every share stored before the release below
-                if (tid == 0) red_add_release(&counters[tile], 1);
+                if (j + 1 < iters) {
+                    named_barrier_arrive(BAR_PUBLISH, CONSUMERS + 32);
+                } else {
+                    named_barrier(BAR_CONSUMERS, CONSUMERS);  // every share stored before the release below
+                    if (tid == 0) red_add_release(&counters[tile], 1);
+                }
             }
             if (j + 1 < iters) {
 #pragma unroll
@@ -385,7 +405,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
 #define GEMM_ARGS x, sx, wp, sw, y, ws, counters, M, N, K, Mp, stages
 
 // Register budgets. fp8_gemm_wgmma (NT >= 32): one CTA per SM. fp8_gemm_wgmma_lean (NT <= 16) is held to 96
-// registers so that two CTAs fit on an SM (18 warps put 5 on one sub-partition: 5 x 32 x 96 <= 16K registers): a
+// registers so that two CTAs fit on an SM (20 warps put 5 on one sub-partition: 5 x 32 x 96 <= 16K registers): a
 // GEMM can then start, and stream its weights, on SMs where the previous kernel still runs (PDL).
 template <int NT, bool CLUSTER>
 __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(GEMM_PARAMS) { gemm_body<NT, CLUSTER>(GEMM_ARGS); }

@@ -97,7 +97,7 @@ _LEAN_NT = 16  # tiles up to this width run the 96-register instance, two CTAs p
 _CLUSTER_NT = 64  # widest tile with a cluster-settled instance (its shares must fit in the weight ring)
 _TILE_ROWS = 128  # weight rows per iteration (one 128x128 scale block)
 _TILE_BYTES = 128 * 128
-_WGMMA_THREADS = 256 + 32  # two consumer warpgroups + one producer warp
+_WGMMA_THREADS = 256 + 64  # two consumer warpgroups, a producer warp and a publisher warp
 _SMEM_LIMIT = 227 * 1024 - 64  # per CTA, less the kernel's static shared memory
 # Two CTAs per SM (lean instances): 228 KB per SM, less 1 KB reserved per CTA and the static shared memory.
 _SMEM_PAIR_LIMIT = 112 * 1024
