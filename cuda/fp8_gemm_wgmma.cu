@@ -92,12 +92,12 @@ __device__ __forceinline__ void store_tile(const float (&v)[NT / 2], bf16_t* __r
 
 // Sum the shares of tile t in CTA order (so every launch gives the same bits), this CTA's own share from registers
 // unless it is already parked in ws; store y and reset the tile's counter. Shares are read GROUP at a time (each
-// group costs one L2 round trip): at NT = 8 all of a tile's (up to 8 for the decode shapes) at once.
+// group costs one L2 round trip): up to 16 tokens, all of a tile's (at most 8 for the decode shapes) at once.
 template <int NT, int ACCS>
 __device__ __forceinline__ void settle_tile(const float (&own)[NT / 2], bool own_parked, const float* __restrict__ ws,
                                             int* __restrict__ counters, bf16_t* __restrict__ y, int c, int t, i64 T,
                                             int C, int KB, int M, int N) {
-    constexpr int R = NT / 2, GROUP = (NT == 8 ? 8 : ACCS);
+    constexpr int R = NT / 2, GROUP = (NT <= 16 ? 8 : ACCS);
     const int tid = threadIdx.x;
     const int c_lo = unit_owner((i64)t * KB, T, C), c_hi = unit_owner((i64)t * KB + KB - 1, T, C);
     float sum[R], buf[GROUP][R];

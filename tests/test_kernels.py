@@ -182,14 +182,17 @@ def test_wgmma_plan_fits_the_gpu() -> None:
 
 
 def test_wgmma_plan_prefers_cluster_settlement() -> None:
-    """S2-Pro shapes: wo (tiles split over ~8 CTAs by global stream-K) settles in clusters of an even split; gate|up
-    (at most two CTAs per tile: the settlement fast path) stays global; cluster capacity below sms // size (unequal
-    GPCs) shrinks the choice."""
-    wo = kernels.wgmma_plan(1, 2560, 4096, sms=132)
+    """S2-Pro shapes as measured on the H200: at 1-16 tokens global stream-K everywhere; at 64, wo (tiles split over 8
+    CTAs, 32 KB shares) settles in clusters of an even split; cluster capacity below sms // size (unequal GPCs)
+    shrinks the choice."""
+    for M in (1, 16):
+        for N, K in ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728)):
+            assert kernels.wgmma_plan(M, N, K, sms=132).cluster == 1
+    wo = kernels.wgmma_plan(64, 2560, 4096, sms=132)
     assert wo.cluster > 1 and wo.grid <= 132 and 20 % (wo.grid // wo.cluster) == 0 and 32 % wo.cluster == 0
-    assert kernels.wgmma_plan(1, 19456, 2560, sms=132).cluster == 1
+    assert kernels.wgmma_plan(64, 6144, 2560, sms=132).cluster == 1
     cap = (0, 132) + (0,) * 7  # no clusters co-schedule: global stream-K
-    assert kernels.wgmma_plan(1, 2560, 4096, sms=132, capacity=cap).cluster == 1
+    assert kernels.wgmma_plan(64, 2560, 4096, sms=132, capacity=cap).cluster == 1
     assert kernels.wgmma_plan(128, 2560, 4096, sms=132).cluster == 1  # 128-token tiles have no cluster instance
 
 

@@ -105,10 +105,11 @@ _MAX_STAGES = 4  # one CTA per SM: 8 measured 0-1.4 us slower per GEMM than 4 on
 _MAX_STAGES_LEAN = 6  # two per SM: the next GEMM prefetches this much while the previous one settles
 _MIN_STAGES = 2
 _MAX_CLUSTER = 8  # portable cluster size
-# Auto plan: global stream-K settlement (a release atomic and L2 round trips after the stream) costs more the more
-# CTAs share a tile: fitted to H200 timings (session 4, bench --clusters), about this many 16 KB blocks of one SM's
-# weight stream per extra sharer. Tiles shared by two (the fast path) cost nothing; cluster settlement runs on chip.
-_SETTLE_BLOCKS_PER_SHARER = 0.7
+# Auto plan: global stream-K settlement has one CTA read every other share of a tile from L2 after the stream, so
+# it costs about this many 16 KB blocks of that SM's weight stream per byte-equivalent block of shares read beyond
+# one (fitted to H200 timings, session 4, bench --clusters: at 8 tokens global beats clusters on every S2-Pro shape,
+# at 64 tokens clusters win for wo, whose tiles global splits over 8 CTAs). Cluster settlement spreads the reading.
+_SETTLE_COST = 0.35
 _MAX_GRID_PER_SM = 4  # stream-K scratch is sized for this many CTAs per SM
 
 
@@ -165,8 +166,8 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
                capacity: tuple[int, ...] | None = None) -> WgmmaPlan:
     """The launch plan for M <= 128 tokens, N % 128 == 0: the smallest token tile holding M, then the split of the
     T = N/128 * K/128 weight blocks over the SMs with the fewest blocks on the busiest CTA, counting global
-    settlement as _SETTLE_BLOCKS_PER_SHARER per CTA sharing a tile beyond two (`cluster` forces a cluster size,
-    1 = global stream-K):
+    settlement as _SETTLE_COST times the share bytes one CTA reads beyond two sharers (`cluster` forces a cluster
+    size, 1 = global stream-K):
       - global stream-K: one CTA per SM, each a contiguous T/grid range;
       - clusters of cs CTAs (2..8, NT <= 64): G clusters of whole tiles, each split over its CTAs; G is bounded by
         the SMs and by `capacity[cs]`, how many such clusters the GPU co-schedules one CTA per SM (default
@@ -206,7 +207,8 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
                 break
             grid = min(T, grid + max(1, sms // 4))
         sharers = -(-KB // iters) + (1 if KB % iters else 0)  # the most CTAs one tile is split over
-        options.append((iters + _SETTLE_BLOCKS_PER_SHARER * max(0, sharers - 2),
+        share_blocks = _TILE_ROWS * nt * 4 / _TILE_BYTES  # one parked share, in 16 KB blocks
+        options.append((iters + _SETTLE_COST * max(0, sharers - 2) * share_blocks,
                         WgmmaPlan(nt, st, grid, smem, 1, iters)))
     if nt <= _CLUSTER_NT:
         for cs in range(2, _MAX_CLUSTER + 1) if cluster is None else (cluster,) if cluster > 1 else ():
