@@ -2,6 +2,7 @@
 # How the GPU numbers in bench/results and latency_reports were produced (one H200, no internet).
 # Usage on the GPU machine, from the repository root: bench/run_h200.sh OUT_DIR [tests] [kernels] [sched] [fp8] [ttfa]
 # Python packages the image lacks travel as wheels in .whl/ (see the device tool's README).
+# Pass RTTS_COMMIT=<sha> from the machine that sent the tree: the copy on the GPU machine may carry a stale .git.
 set -u
 OUT=${1:?output dir}; shift
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
