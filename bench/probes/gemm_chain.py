@@ -1,20 +1,18 @@
-"""Do consecutive wgmma GEMMs overlap on the GPU? Per-launch start/end of a chain of GEMMs in one CUDA graph.
+"""Where does a GEMM in a chain spend its time? Per-CTA stamps of consecutive wgmma GEMMs inside one CUDA graph.
 
 The decode step is a chain of kernels; with programmatic dependent launch (PDL) a GEMM's CTAs may start, and stream
 their (constant) weights, while the previous kernel finishes, if an SM has room for both. This probe compiles an
-instrumented copy of `cuda/fp8_gemm_wgmma.cu` (patched in memory; the repository file is untouched) in which every
-CTA takes a ticket at entry (tickets are handed out launch by launch) and records `%globaltimer` at entry, at its
-first weight block and at exit
-(and where griddepcontrol.wait returned and the last block landed). It replays a graph of CHAIN launches (weights
-rotated past the L2) and prints, per launch, first entry / last exit relative to the first launch's first entry,
-then per later launch, relative to the previous launch's last CTA exit (medians over CTAs): wait returned, first
-block used, last block landed, exit; and the last exit. Variants: PDL on and off, and the
-planner's split against global stream-K (RTTS_GEMM_CLUSTER=1). Also prints occupancy (CTAs per SM) of each plan and
-in-graph us per GEMM for each variant. Session 4 found with it that a GEMM's consumers start ~2 us after the
-previous GEMM's last CTA exits, whatever was prefetched: the chain is bound by that critical path (token load,
-un-prefetched weights, settlement), not by bandwidth.
+instrumented copy of `cuda/fp8_gemm_wgmma.cu` (patched in memory; the repository file is untouched; an anchor that no
+longer matches fails loudly) in which every CTA takes a ticket at entry (tickets are handed out launch by launch) and
+records `%globaltimer` at entry, when griddepcontrol.wait returned, at its first weight block, when its last block
+landed, when a summing CTA's spin ended, and at exit. It replays a graph of CHAIN launches (weights rotated past the
+L2) and prints, per later launch and relative to the previous launch's last CTA exit, the medians over CTAs of: wait
+returned, first block used, last block landed, exit; then the last exit; and the six slowest CTAs of launch 3.
+Variants: the planner's split, forced global stream-K ("1") and clusters of 8 ("8") with PDL, and the planner's
+split without PDL; each with the plan, its occupancy (CTAs per SM) and in-graph us per GEMM. Session 4 used it to
+find the settlement tail (bench/results/traces/README.md).
 
-    python bench/probes/gemm_chain.py            # on the GPU machine, from the repository root
+    python bench/probes/gemm_chain.py [wqkv wo gate_up w2]    # on the GPU machine, from the repository root
 """
 
 from __future__ import annotations
