@@ -237,12 +237,13 @@ def test_fp8_gemm_rounds_like_fp32_accumulation(M: int) -> None:
 
 @GPU
 @pytest.mark.parametrize("stages", [2, 3, 4])
-def test_fp8_gemm_stream_k_is_deterministic_and_resets(stages: int) -> None:
+@pytest.mark.parametrize("M", [5, 40])  # one summing CTA per tile / every sharer sums a slice (spread_tile)
+def test_fp8_gemm_stream_k_is_deterministic_and_resets(stages: int, M: int) -> None:
     """Tiles shared by several CTAs are summed in a fixed order and their counters end at zero, so repeated calls
     and graph replays give identical bits."""
     if not kernels._use_wgmma(torch.device("cuda")):
         pytest.skip("no wgmma on this GPU")
-    M, N, K = 5, 2560, 9728  # 40 tiles x 76 K blocks: most tiles are split across CTAs
+    N, K = 2560, 9728  # 20 tiles x 76 K blocks: most tiles are split across CTAs
     x, w = _x(M, K, seed=7, device="cuda"), _x(N, K, scale=0.05, seed=8, device="cuda")
     wq, sw = ref.quantize_weight(w)
     xq, sx = ref.quantize_1x128(x)
@@ -259,10 +260,10 @@ def test_fp8_gemm_stream_k_is_deterministic_and_resets(stages: int) -> None:
 @GPU
 @pytest.mark.parametrize("cluster", [1, 2, 3, 5, 6, 8])
 @pytest.mark.parametrize("M,N,K", [(1, 6144, 2560), (5, 2560, 9728), (17, 1152, 640), (33, 384, 1280),
-                                   (64, 2560, 4096), (9, 19456, 2560)])
+                                   (64, 2560, 4096), (9, 19456, 2560), (5, 128, 16384), (40, 128, 16384)])
 def test_fp8_gemm_every_split_is_correct_and_deterministic(cluster: int, M: int, N: int, K: int) -> None:
     """Every split the planner can pick (global stream-K, clusters of 2-8 CTAs settled in distributed shared memory)
-    computes the product, the same bits on every call."""
+    computes the product, the same bits on every call; 128 x 16384 splits its one tile over 128 CTAs."""
     if not kernels._use_wgmma(torch.device("cuda")):
         pytest.skip("no wgmma on this GPU")
     try:
