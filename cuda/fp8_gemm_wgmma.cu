@@ -63,10 +63,8 @@ __device__ __forceinline__ int unit_owner(i64 u, i64 T, int C) {
     return (int)(((u + 1) * C + T - 1) / T) - 1;
 }
 
-// Parked shares (ws holds [2C][128 x NT] floats): only a CTA's first segment can start inside a tile, so a share
-// summed by another CTA is its first tile's, in slot 2c; wide tiles (SPREAD) also park the first K block holder's
-// share, in slot 2c + 1 unless that tile is its first.
-__device__ __forceinline__ i64 share_slot(int c, bool second) { return 2 * (i64)c + (second ? 1 : 0); }
+// Parked shares: only a CTA's first segment can start inside a tile, so a share summed by another CTA is always
+// its first tile's, and each CTA parks at most one, in slot c (ws holds [C][128 x NT] floats).
 // Wait until at most n of this thread's cp.async groups are pending (n clamped to 7: waiting for more is safe).
 __device__ __forceinline__ void cp_async_wait_upto(int n) {
     switch (n) {
@@ -114,7 +112,7 @@ __device__ __forceinline__ void settle_tile(const float (&own)[NT / 2], bool own
 #pragma unroll
                 for (int r = 0; r < R; ++r) buf[u][r] = own[r];
             } else {
-                const float* q = ws + share_slot(cc, false) * (TILE_ROWS * NT);
+                const float* q = ws + (i64)cc * (TILE_ROWS * NT);
 #pragma unroll
                 for (int r = 0; r < R; ++r) buf[u][r] = __ldcg(q + r * CONSUMERS + tid);
             }
@@ -128,53 +126,6 @@ __device__ __forceinline__ void settle_tile(const float (&own)[NT / 2], bool own
     }
     store_tile<NT>(sum, y, t * TILE_ROWS + 64 * (tid >> 7), M, N);
     if (tid == 0) counters[t] = 0;  // ready for the next launch (graph replays included)
-}
-
-// Spread settlement (global stream-K with wide token tiles, where one CTA reading every other 128 x NT share would
-// be the GEMM's tail): every sharer of tile t parks its share and counts it in; at the end of its range each waits
-// for all S of them and sums slice c - c_lo of the tile (1/S of it) from all S in CTA order, then counts itself out
-// (a second increment). The first K block holder resets the counter once all 2S increments are in (spread_reset).
-template <int NT>
-__device__ __forceinline__ void spread_tile(const float* __restrict__ ws, int* __restrict__ counters,
-                                            bf16_t* __restrict__ y, int c, int t, i64 T, int C, int KB, int M, int N) {
-    constexpr int F = TILE_ROWS * NT;
-    const int c_lo = unit_owner((i64)t * KB, T, C), c_hi = unit_owner((i64)t * KB + KB - 1, T, C);
-    const int S = c_hi - c_lo + 1, i = c - c_lo;
-    const bool lo_second = unit_begin(c_lo, T, C) != (i64)t * KB;  // t is not the first holder's first tile
-    if (threadIdx.x == 0)
-        while (load_acquire(&counters[t]) < S) {
-        }
-    named_barrier(BAR_CONSUMERS, CONSUMERS);  // the acquire above orders every thread's reads below
-    const int lo = i * F / S, hi = (i + 1) * F / S;
-    for (int q = lo + (int)threadIdx.x; q < hi; q += CONSUMERS) {
-        const int r = q / CONSUMERS, th = q % CONSUMERS, l = th & 31;
-        const int n = t * TILE_ROWS + 64 * (th >> 7) + 16 * ((th & 127) >> 5) + (l >> 2) + 8 * ((r & 3) >> 1);
-        const int m = 8 * (r >> 2) + 2 * (l & 3) + (r & 1);
-        if (m >= M) continue;
-        float sum = 0.f;
-        for (int u0 = 0; u0 < S; u0 += 8) {
-            float v[8];
-#pragma unroll
-            for (int u = 0; u < 8; ++u)
-                v[u] = u0 + u < S ? __ldcg(ws + share_slot(c_lo + u0 + u, u0 + u == 0 && lo_second) * F + q) : 0.f;
-#pragma unroll
-            for (int u = 0; u < 8; ++u)
-                if (u0 + u < S) sum += v[u];  // CTA order
-        }
-        if (n < N) y[(i64)m * N + n] = float_to_bf16(sum);
-    }
-    named_barrier(BAR_CONSUMERS, CONSUMERS);  // every thread's reads are done
-    if (threadIdx.x == 0) red_add_release(&counters[t], 1);
-}
-
-template <int NT>
-__device__ __forceinline__ void spread_reset(int* __restrict__ counters, int t, i64 T, int C, int KB) {
-    const int S = unit_owner((i64)t * KB + KB - 1, T, C) - unit_owner((i64)t * KB, T, C) + 1;
-    if (threadIdx.x == 0) {
-        while (load_acquire(&counters[t]) != 2 * S) {
-        }
-        counters[t] = 0;  // ready for the next launch (graph replays included)
-    }
 }
 
 // Cluster settlement (CLUSTER): the shares of tile t, all in this cluster, are parked in the sharers' shared memory
@@ -226,10 +177,8 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     // four, no tensor-core sum spans more than 32 products. Measured: one accumulator per block averaged 0.3-0.43
     // bf16 ulp of error against the exact product, with outliers of thousands of ulp on outputs near zero.
     // NT = 128 keeps one: with 10 warps per CTA, 3 share an SM sub-partition, which caps a thread at 168 registers,
-    // and its FP32 total and accumulators alone would take 192.
+    // and its FP32 total, accumulator and settle sum alone take 192 (ptxas spills ~460 bytes at NT = 128).
     constexpr int ACCS = NT <= 32 ? 4 : (NT == 64 ? 2 : 1);
-    // Global settlement by every sharer (spread_tile) from 32 tokens up, where a share is 16 KB or more.
-    constexpr bool SPREAD = !CLUSTER && NT >= 32;
     extern __shared__ unsigned char smem_raw[];
     // Swizzle atoms need 1024-byte alignment; the launch asks for 1 KB of slack.
     const unsigned raw = smem_u32(smem_raw);
@@ -397,21 +346,13 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
                 for (int r = 0; r < R; ++r) p[r * CONSUMERS + tid] = total[r];  // [register][thread]: conflict free
             } else if (whole) {
                 // A shared tile whose first K block is this CTA's: this is its last segment, and it settles the tile
-                // after the loop (where the loop's registers are free for the shares it reads). SPREAD: it parks and
-                // counts in its share like the others, and sums its slice after the loop.
+                // after the loop (where the loop's registers are free for the shares it reads).
                 settle = tile;
-                if constexpr (SPREAD) {
-                    float* p = ws + share_slot(c, tile != first_tile) * (TILE_ROWS * NT);
-#pragma unroll
-                    for (int r = 0; r < R; ++r) p[r * CONSUMERS + tid] = total[r];
-                    named_barrier(BAR_CONSUMERS, CONSUMERS);  // every share stored before the release below
-                    if (tid == 0) red_add_release(&counters[tile], 1);
-                }
             } else {
                 // Another CTA settles this tile: park the share, then count it in (a release add, fire and forget).
                 // Mid-range the publisher warp does that and the consumers go on at once; at the end of the range
                 // there is nothing else to do.
-                float* p = ws + share_slot(c, false) * (TILE_ROWS * NT);  // its first tile (see share_slot)
+                float* p = ws + (i64)c * (TILE_ROWS * NT);  // this is its first tile (see settle_tile)
 #pragma unroll
                 for (int r = 0; r < R; ++r) p[r * CONSUMERS + tid] = total[r];  // [register][thread]: coalesced
                 if (j + 1 < iters) {
@@ -437,11 +378,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
             phase ^= 1;
         }
     }
-    if constexpr (SPREAD) {
-        if (first_shared) spread_tile<NT>(ws, counters, y, c, first_tile, T, C, KB, M, N);
-        if (last_shared) spread_tile<NT>(ws, counters, y, c, last_tile, T, C, KB, M, N);
-        if (settle >= 0) spread_reset<NT>(counters, settle, T, C, KB);
-    } else if (settle >= 0) {
+    if (settle >= 0) {
         // Every other share of the tile counted in: they publish without waiting (above), so this spin never waits
         // on a CTA that waits, and is safe whether or not every CTA of the grid is resident at once.
         const int want = unit_owner((i64)settle * KB + KB - 1, T, C) - c;

@@ -229,7 +229,7 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
 
 @dataclasses.dataclass
 class _StreamK:
-    """Split-tile scratch of one stream: FP32 partials (two tile slots per CTA) and per-tile arrival counters that
+    """Split-tile scratch of one stream: FP32 partials (one tile slot per CTA) and per-tile arrival counters that
     the kernel resets itself. Kept per stream because kernels on one stream run in order, while the prefill and
     decode threads run GEMMs concurrently on their own streams. Allocated once, never resized, so pointers baked
     into captured CUDA graphs stay valid."""
@@ -243,10 +243,9 @@ _STREAMK_TILES = 1 << 16  # counters: N up to 8M rows
 
 
 def _streamk_floats(sms: int) -> int:
-    """Partials capacity: two 128-row tile slots per CTA (its first tile's share, and for wide token tiles the tile it
-    holds the first K block of) for _MAX_GRID_PER_SM CTAs per SM at 64 tokens (35 MB on an H200); a 128-token plan
-    may use half that grid."""
-    return 2 * sms * _MAX_GRID_PER_SM * _TILE_ROWS * 64
+    """Partials capacity: one 128-row tile slot per CTA (a CTA parks at most its first tile's share) for
+    _MAX_GRID_PER_SM CTAs per SM at 64 tokens (17 MB on an H200); a 128-token plan may use half that grid."""
+    return sms * _MAX_GRID_PER_SM * _TILE_ROWS * 64
 
 
 def _streamk(device: torch.device, sms: int) -> _StreamK:
@@ -379,7 +378,7 @@ def _wgmma_fits(M: int, N: int, K: int, device_index: int) -> bool:
     except ValueError:
         return False
     return plan.cluster > 1 or (N // _TILE_ROWS <= _STREAMK_TILES
-                                and 2 * plan.grid * _TILE_ROWS * plan.nt <= _streamk_floats(sms))
+                                and plan.grid * _TILE_ROWS * plan.nt <= _streamk_floats(sms))
 
 
 def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wp: torch.Tensor, sw: torch.Tensor,
