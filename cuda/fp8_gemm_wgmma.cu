@@ -24,7 +24,7 @@
 //
 // Tokens and weight scales: every K block of tokens this CTA needs, and the scale of each of its iterations, is copied
 // once into shared memory at the start (cp.async, one group per token block in first-use order); an iteration waits
-// only for the block it uses the first time.
+// only for the block it uses the first time (tiles up to 16 tokens wide wait for all of them at once).
 //
 // Stream-K: the grid is persistent (one CTA per SM) and CTA c takes the contiguous iteration range
 // [c*T/C, (c+1)*T/C) of the T = tiles * K/128 iterations in tile-major order, so every CTA streams the same number of
@@ -37,8 +37,11 @@
 // Cluster mode (CLUSTER, planned by the host where it settles faster) keeps every shared tile inside a cluster of
 // CTAs and sums it in distributed shared memory instead (reduce_slice).
 //
-// PDL: launched with programmatic stream serialization, the prologue (barrier setup, the first weight copies) runs
-// while the previous kernel finishes; every other global read and all global writes come after griddepcontrol.wait.
+// PDL: launched with programmatic stream serialization, the prologue (barrier setup, the weight copies the ring holds,
+// the weight scales) runs while the previous kernel finishes: only constants are read before griddepcontrol.wait,
+// every other global read and all global writes come after it. The kernel lets its own dependents launch at once
+// (measured: later triggers were slower), so with the lean instances (two CTAs per SM) the next GEMM streams its
+// weights into its ring while this one finishes.
 #include "sm90.cuh"
 
 #define TILE_ROWS 128     // weight rows per iteration: one 128x128 scale block, 64 per consumer warpgroup
@@ -65,6 +68,7 @@ __device__ __forceinline__ int unit_owner(i64 u, i64 T, int C) {
 
 // Parked shares: only a CTA's first segment can start inside a tile, so a share summed by another CTA is always
 // its first tile's, and each CTA parks at most one, in slot c (ws holds [C][128 x NT] floats).
+
 // Wait until at most n of this thread's cp.async groups are pending (n clamped to 7: waiting for more is safe).
 __device__ __forceinline__ void cp_async_wait_upto(int n) {
     switch (n) {
@@ -90,11 +94,11 @@ __device__ __forceinline__ void store_tile(const float (&v)[NT / 2], bf16_t* __r
     }
 }
 
-// Sum the shares of tile t in CTA order (so every launch gives the same bits), this CTA's own share from registers
-// unless it is already parked in ws; store y and reset the tile's counter. Shares are read GROUP at a time (each
+// Sum the shares of tile t in CTA order (so every launch gives the same bits), this CTA's own (the first) from
+// registers; store y and reset the tile's counter. Shares are read GROUP at a time (each
 // group costs one L2 round trip): up to 16 tokens, all of a tile's (at most 8 for the decode shapes) at once.
 template <int NT, int ACCS>
-__device__ __forceinline__ void settle_tile(const float (&own)[NT / 2], bool own_parked, const float* __restrict__ ws,
+__device__ __forceinline__ void settle_tile(const float (&own)[NT / 2], const float* __restrict__ ws,
                                             int* __restrict__ counters, bf16_t* __restrict__ y, int c, int t, i64 T,
                                             int C, int KB, int M, int N) {
     constexpr int R = NT / 2, GROUP = (NT <= 16 ? 8 : ACCS);
@@ -108,7 +112,7 @@ __device__ __forceinline__ void settle_tile(const float (&own)[NT / 2], bool own
         for (int u = 0; u < GROUP; ++u) {
             const int cc = c0 + u;
             if (cc > c_hi) break;
-            if (cc == c && !own_parked) {
+            if (cc == c) {
 #pragma unroll
                 for (int r = 0; r < R; ++r) buf[u][r] = own[r];
             } else {
@@ -131,6 +135,8 @@ __device__ __forceinline__ void settle_tile(const float (&own)[NT / 2], bool own
 // Cluster settlement (CLUSTER): the shares of tile t, all in this cluster, are parked in the sharers' shared memory
 // (a CTA's first tile in slot A, its last in slot B = the free weight ring); after a cluster barrier each sharer sums
 // its slice of the tile (1/S of it, S sharers) from every share in rank order, over distributed shared memory.
+// NOTE: each thread's loop takes one DSMEM round trip per element it sums (the same shape made a global-memory
+// version of this 1.2-2x slower, bench/results/traces); at 64 tokens that is ~8 per thread.
 template <int NT>
 __device__ __forceinline__ void reduce_slice(unsigned slot_a, unsigned slot_b, bf16_t* __restrict__ y, int t, i64 base,
                                              i64 Tl, int Cl, int rl, int KB, int M, int N) {
@@ -177,7 +183,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     // four, no tensor-core sum spans more than 32 products. Measured: one accumulator per block averaged 0.3-0.43
     // bf16 ulp of error against the exact product, with outliers of thousands of ulp on outputs near zero.
     // NT = 128 keeps one: with 10 warps per CTA, 3 share an SM sub-partition, which caps a thread at 168 registers,
-    // and its FP32 total, accumulator and settle sum alone take 192 (ptxas spills ~460 bytes at NT = 128).
+    // and its FP32 total, accumulator and settle sum alone take 192 (ptxas spills ~250 bytes at NT = 128).
     constexpr int ACCS = NT <= 32 ? 4 : (NT == 64 ? 2 : 1);
     extern __shared__ unsigned char smem_raw[];
     // Swizzle atoms need 1024-byte alignment; the launch asks for 1 KB of slack.
@@ -222,7 +228,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     // Prologue. The producer warp initializes the stage barriers and signals (bar.arrive: it does not wait) that
     // they are ready, then issues the first weight copies; the consumers issue their weight-scale and token copies
     // and wait only for the barrier setup. Launched with PDL (kernels.launch), this runs while the previous kernel on
-    // the stream finishes: the packed weights are constants, so everything but their stream waits for it (pdl_wait).
+    // the stream finishes: the packed weights and their scales are constants, everything else waits for it (pdl_wait).
     pdl_launch_dependents();
     const fp8_t* src = wp + it0 * TILE_BYTES;
     // A first tile shared with earlier CTAs and finished before this CTA's range ends is published mid-range.
@@ -386,7 +392,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
             while (load_acquire(&counters[settle]) != want) {
             }
         named_barrier(BAR_CONSUMERS, CONSUMERS);  // the acquire above orders every thread's reads below
-        settle_tile<NT, ACCS>(total, false, ws, counters, y, c, settle, T, C, KB, M, N);
+        settle_tile<NT, ACCS>(total, ws, counters, y, c, settle, T, C, KB, M, N);
     }
     if constexpr (CLUSTER) {
         cluster_sync();  // every share of every tile of the cluster is parked
