@@ -33,7 +33,10 @@
 // that CTA's last segment), in CTA order (the same bits on every launch): the others park their FP32 shares in a
 // per-stream workspace and count themselves in with a release add (no round trip, so a CTA publishing its first
 // tile mid-range keeps streaming), the summing CTA spins on the tile's counter and resets it (graph replays need no
-// memset). Publishing never waits, so the spin cannot deadlock even when the grid is not resident all at once.
+// memset). Publishing never waits and a CTA only waits for later ones, so the spin cannot deadlock while the grid's
+// CTAs are all resident (the planner's grids are at most one per SM, except where it grows a grid whose tokens
+// leave no room for two stages) or are dispatched in index order. It waits for the count to reach `want` rather than
+// equal it: should scratch ever be shared by mistake, a wrong result is recoverable and a hung GPU is not.
 // Cluster mode (CLUSTER, planned by the host where it settles faster) keeps every shared tile inside a cluster of
 // CTAs and sums it in distributed shared memory instead (reduce_slice).
 //
@@ -389,7 +392,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
         // on a CTA that waits, and is safe whether or not every CTA of the grid is resident at once.
         const int want = unit_owner((i64)settle * KB + KB - 1, T, C) - c;
         if (tid == 0)
-            while (load_acquire(&counters[settle]) != want) {
+            while (load_acquire(&counters[settle]) < want) {
             }
         named_barrier(BAR_CONSUMERS, CONSUMERS);  // the acquire above orders every thread's reads below
         settle_tile<NT, ACCS>(total, ws, counters, y, c, settle, T, C, KB, M, N);

@@ -99,13 +99,17 @@ __device__ __forceinline__ int load_acquire(const int* p) {
     return v;
 }
 
-// Barrier over `threads` threads of the CTA only (id 0 is __syncthreads); warp-uniform.
+// Barrier over `threads` threads of the CTA only (id 0 is __syncthreads); whole warps. bar.sync and bar.arrive are
+// .aligned (every thread of the warp must execute them together), and callers reach them right after per-thread
+// branches (a spin by one thread, a loop with `continue`), so the warp reconverges explicitly first.
 __device__ __forceinline__ void named_barrier(int id, int threads) {
+    __syncwarp();
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Count this warp in at barrier `id` without waiting for it; warp-uniform.
+// Count this warp in at barrier `id` without waiting for it; whole warps.
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    __syncwarp();
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
@@ -134,6 +138,7 @@ __device__ __forceinline__ float ld_cluster_f32(unsigned addr) {
     return v;
 }
 __device__ __forceinline__ void cluster_sync() {
+    __syncwarp();  // .aligned: the warp reconverges first (see named_barrier)
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 

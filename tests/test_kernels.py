@@ -196,6 +196,24 @@ def test_wgmma_plan_prefers_cluster_settlement() -> None:
     assert kernels.wgmma_plan(128, 2560, 4096, sms=132).cluster == 1  # 128-token tiles have no cluster instance
 
 
+def test_wgmma_forced_stages_keep_the_split_and_oversized_plans_are_refused() -> None:
+    """A forced stage count (bench --stages) lowers the ring only: the split and grid stay the planner's, so the
+    launched plan never outgrows the stream-K scratch the default plan was checked against; scratch_fits refuses
+    global plans whose shares would not fit (the launcher checks the plan it actually launches)."""
+    for M, N, K in ((64, 19456, 2560), (1, 2560, 4096), (16, 6144, 2560), (64, 2560, 4096)):
+        for cluster in (None, 1):
+            p = kernels.wgmma_plan(M, N, K, sms=132, cluster=cluster)
+            for st in (1, 2, 3):
+                q = kernels.wgmma_plan(M, N, K, sms=132, stages=st, cluster=cluster)
+                assert (q.grid, q.cluster, q.nt, q.iters) == (p.grid, p.cluster, p.nt, p.iters)
+                assert q.stages == max(1, min(st, p.stages), 2 if q.cluster > 1 and q.nt == 64 else 1)
+                assert q.smem <= p.smem
+            assert kernels.scratch_fits(p, N, 132)
+    big = kernels.WgmmaPlan(nt=64, stages=2, grid=3040, smem=0, cluster=1, iters=1)
+    assert not kernels.scratch_fits(big, 19456, 132)
+    assert kernels.scratch_fits(big._replace(cluster=4), 19456, 132)  # cluster plans settle on chip
+
+
 def test_wgmma_token_slices(monkeypatch: pytest.MonkeyPatch) -> None:
     """Beyond 64 tokens a 128-token launch is used only where its plan is one wave of CTAs (measured: a two-wave
     128-token gate|up was slower than two 64-token launches)."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rtts import kernels
+from rtts import env, kernels
 from rtts.bench.common import environment, write_results
 from rtts.kernels import reference as ref
 
@@ -110,7 +110,7 @@ def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = (),
 
         out[f"wgmma_cluster{cs}_us"] = 1e6 * time_graph(_calls(split, reps))
     if packed[0][0].dim() == 4:
-        p = kernels._plan(min(M, kernels._wgmma_step(N, K, 0)), N, K, 0)
+        p = kernels._plan(min(M, kernels._wgmma_step(N, K, 0, env.gemm_cluster())), N, K, 0)
         out["plan"] = f"{'cluster ' + str(p.cluster) if p.cluster > 1 else 'global'}, {p.stages} st, {p.grid} CTAs"
     out["fp8_linear_us"] = 1e6 * time_graph(_calls(linear, reps))
     # torch._scaled_mm with per-tensor scales (the stock FP8 path); FP8 MMA needs M padded to 16.

@@ -50,6 +50,8 @@ def quantize_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check(K % 128 == 0 and x.stride(1) == 1, f"quantize_1x128: K={K} must be a multiple of 128 with unit stride")
     if not _use_cuda(x):
         return reference.quantize_1x128(x)
+    _check(x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0,
+           "quantize_1x128: rows must start 8-byte aligned (the kernel reads 4 bf16 per load)")
     from rtts.kernels import _jit
 
     q = torch.empty(M, K, dtype=FP8, device=x.device)
@@ -72,6 +74,7 @@ def swiglu_quantize(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     _check(I2 % 256 == 0, f"swiglu_quantize: 2I={I2} must be a multiple of 256")
     if not _use_cuda(gate_up):
         return reference.swiglu_quantize(gate_up)
+    _check(gate_up.data_ptr() % 8 == 0, "swiglu_quantize: gate_up must start 8-byte aligned (4 bf16 per load)")
     from rtts.kernels import _jit
 
     I = I2 // 2  # noqa: E741
@@ -192,10 +195,10 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
             if st >= _MIN_STAGES:
                 break
         if cl:
-            st = max(st, -(-(_TILE_ROWS * nt * 4) // _TILE_BYTES))  # the ring holds the last tile's share
-        if stages is not None:
-            st = max(1, min(st, stages), -(-(_TILE_ROWS * nt * 4) // _TILE_BYTES) if cl else 1)
+            st = max(st, ring_min)  # the ring holds the last tile's share
         return st, wgmma_smem_bytes(nt, blocks, st, iters, cl)
+
+    ring_min = -(-(_TILE_ROWS * nt * 4) // _TILE_BYTES)  # stages a cluster plan parks a share in
 
     options: list[tuple[float, WgmmaPlan]] = []
     if cluster in (None, 1):
@@ -224,7 +227,12 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
                 options.append((iters, WgmmaPlan(nt, st, G * cs, smem, cs, iters)))
     if not options:
         raise ValueError(f"no wgmma plan for {M}x{N}x{K} with cluster={cluster}")
-    return min(options, key=lambda o: (o[0], o[1].cluster))[1]
+    best = min(options, key=lambda o: (o[0], o[1].cluster))[1]
+    if stages is not None:  # lowered after the split is chosen: a forced stage count never reshapes the grid
+        st = max(1, min(best.stages, stages), ring_min if best.cluster > 1 else 1)
+        best = best._replace(stages=st, smem=wgmma_smem_bytes(nt, min(KB, best.iters), st, best.iters,
+                                                              best.cluster > 1))
+    return best
 
 
 @dataclasses.dataclass
@@ -232,13 +240,17 @@ class _StreamK:
     """Split-tile scratch of one stream: FP32 partials (one tile slot per CTA) and per-tile arrival counters that
     the kernel resets itself. Kept per stream because kernels on one stream run in order, while the prefill and
     decode threads run GEMMs concurrently on their own streams. Allocated once, never resized, so pointers baked
-    into captured CUDA graphs stay valid."""
+    into captured CUDA graphs stay valid. Graph captures get their own scratch (keyed by the capture stream, apart
+    from eager use of the same handle): torch hands out pooled stream handles round-robin, so a stream made later
+    (e.g. the prefill thread's) can share the handle a decode graph was captured on, and its eager GEMMs would then
+    run concurrently with the graph's replays on one scratch. Graphs captured on one stream share it: replay them
+    one at a time (the decode step does)."""
 
     partials: torch.Tensor
     counters: torch.Tensor
 
 
-_STREAMK: dict[tuple[int, int], _StreamK] = {}
+_STREAMK: dict[tuple[int, int, bool], _StreamK] = {}
 _STREAMK_TILES = 1 << 16  # counters: N up to 8M rows
 
 
@@ -249,7 +261,7 @@ def _streamk_floats(sms: int) -> int:
 
 
 def _streamk(device: torch.device, sms: int) -> _StreamK:
-    key = (_index(device), torch.cuda.current_stream(device).cuda_stream)
+    key = (_index(device), torch.cuda.current_stream(device).cuda_stream, torch.cuda.is_current_stream_capturing())
     sk = _STREAMK.get(key)
     if sk is None:
         floats = _streamk_floats(sms)
@@ -325,8 +337,9 @@ def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Ten
     if M == 0:
         return torch.empty(0, N, dtype=torch.bfloat16, device=xq.device)
     wgmma = packed and _use_wgmma(xq.device)
-    step = _wgmma_step(N, K, _index(xq.device)) if wgmma else 128  # larger batches run in token slices
-    wgmma = wgmma and _wgmma_fits(min(M, step), N, K, _index(xq.device))
+    forced = env.gemm_cluster()  # read per call; the cached plan checks below are keyed by it
+    step = _wgmma_step(N, K, _index(xq.device), forced) if wgmma else 128  # larger batches run in token slices
+    wgmma = wgmma and _wgmma_fits(min(M, step), N, K, _index(xq.device), forced)
     if packed and not wgmma:  # packed weights without a wgmma plan (other GPUs, huge layers): correct, not fast
         wq, packed, step = reference.unpack_weight(wq), False, 128
     if M > step:
@@ -336,12 +349,12 @@ def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Ten
 
 
 @functools.cache
-def _wgmma_step(N: int, K: int, device_index: int) -> int:
+def _wgmma_step(N: int, K: int, device_index: int, cluster: int | None = None) -> int:
     """Tokens per wgmma launch beyond 64: 128 when that plan is one wave of CTAs, else 64 (a 128-token tile needs
     twice the shared memory per K block, so wide K ranges push its grid past the SM count; measured on the H200 at
     M = 128: gate|up 72 us as one two-wave 128-token launch vs 62 us as two 64-token launches, wqkv 26 vs 37)."""
     sms = _sm_count(device_index)
-    return 128 if wgmma_plan(128, N, K, sms).grid <= sms and _wgmma_fits(128, N, K, device_index) else 64
+    return 128 if wgmma_plan(128, N, K, sms).grid <= sms and _wgmma_fits(128, N, K, device_index, cluster) else 64
 
 
 @functools.cache
@@ -364,21 +377,27 @@ def _cluster_capacity(device_index: int) -> tuple[int, ...] | None:
 
 def _plan(M: int, N: int, K: int, device_index: int, stages: int | None = None,
           cluster: int | None = None) -> WgmmaPlan:
-    if cluster is None and env.gemm_cluster() is not None:
+    """The plan launched: `cluster` forced by the caller or RTTS_GEMM_CLUSTER, else the planner's choice."""
+    if cluster is None:
         cluster = env.gemm_cluster()
     return wgmma_plan(M, N, K, _sm_count(device_index), stages, cluster, _cluster_capacity(device_index))
 
 
-@functools.cache
-def _wgmma_fits(M: int, N: int, K: int, device_index: int) -> bool:
-    """A plan exists and, for a global stream-K plan, its scratch fits (at 64 tokens: layers up to ~200M weights)."""
-    sms = _sm_count(device_index)
-    try:
-        plan = _plan(M, N, K, device_index)
-    except ValueError:
-        return False
+def scratch_fits(plan: WgmmaPlan, N: int, sms: int) -> bool:
+    """A global stream-K plan's shares and counters fit the per-stream scratch (at 64 tokens: layers up to ~200M
+    weights); cluster plans use none."""
     return plan.cluster > 1 or (N // _TILE_ROWS <= _STREAMK_TILES
                                 and plan.grid * _TILE_ROWS * plan.nt <= _streamk_floats(sms))
+
+
+@functools.cache
+def _wgmma_fits(M: int, N: int, K: int, device_index: int, cluster: int | None) -> bool:
+    """A plan exists for M tokens (with `cluster` forced, or not) and its scratch fits."""
+    try:
+        plan = _plan(M, N, K, device_index, cluster=cluster)
+    except ValueError:
+        return False
+    return scratch_fits(plan, N, _sm_count(device_index))
 
 
 def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wp: torch.Tensor, sw: torch.Tensor,
@@ -388,9 +407,13 @@ def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wp: torch.Tensor, sw: to
     M, K = xq.shape
     N = wp.shape[0] * _TILE_ROWS
     dev = _index(xq.device)
-    _check(wp.dim() == 4 and M <= _WGMMA_NT[-1] and _wgmma_fits(M, N, K, dev),
-           f"fp8_gemm: no wgmma plan for {M}x{N}x{K}")
-    plan = _plan(M, N, K, dev, stages, cluster)
+    _check(wp.dim() == 4 and M <= _WGMMA_NT[-1], f"fp8_gemm: no wgmma plan for {M}x{N}x{K}")
+    try:
+        plan = _plan(M, N, K, dev, stages, cluster)
+    except ValueError as e:
+        raise ValueError(f"fp8_gemm: {e}") from None
+    # The plan actually launched (a forced split or stage count included) must fit the scratch it writes.
+    _check(scratch_fits(plan, N, _sm_count(dev)), f"fp8_gemm: {plan} for {M}x{N}x{K} exceeds the stream-K scratch")
     sk = _streamk(xq.device, _sm_count(dev))
     y = torch.empty(M, N, dtype=torch.bfloat16, device=xq.device)
     fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(plan.nt, plan.cluster > 1), _WGMMA_INSTANCES)
