@@ -240,17 +240,17 @@ class _StreamK:
     """Split-tile scratch of one stream: FP32 partials (one tile slot per CTA) and per-tile arrival counters that
     the kernel resets itself. Kept per stream because kernels on one stream run in order, while the prefill and
     decode threads run GEMMs concurrently on their own streams. Allocated once, never resized, so pointers baked
-    into captured CUDA graphs stay valid. Graph captures get their own scratch (keyed by the capture stream, apart
-    from eager use of the same handle): torch hands out pooled stream handles round-robin, so a stream made later
-    (e.g. the prefill thread's) can share the handle a decode graph was captured on, and its eager GEMMs would then
-    run concurrently with the graph's replays on one scratch. Graphs captured on one stream share it: replay them
-    one at a time (the decode step does)."""
+    into captured CUDA graphs stay valid. Graph captures use one scratch per device, apart from every stream's eager
+    one (allocated by warmup, before any capture): torch hands out pooled stream handles round-robin, so a stream
+    made later (e.g. the prefill thread's) can share the handle a decode graph was captured on, and its eager GEMMs
+    would otherwise run concurrently with the graph's replays on one scratch. Captured graphs therefore share it:
+    replay them one at a time (the decode step does)."""
 
     partials: torch.Tensor
     counters: torch.Tensor
 
 
-_STREAMK: dict[tuple[int, int, bool], _StreamK] = {}
+_STREAMK: dict[tuple[int, int, bool], _StreamK] = {}  # (device, stream handle or 0 for graphs, graphs)
 _STREAMK_TILES = 1 << 16  # counters: N up to 8M rows
 
 
@@ -260,8 +260,10 @@ def _streamk_floats(sms: int) -> int:
     return sms * _MAX_GRID_PER_SM * _TILE_ROWS * 64
 
 
-def _streamk(device: torch.device, sms: int) -> _StreamK:
-    key = (_index(device), torch.cuda.current_stream(device).cuda_stream, torch.cuda.is_current_stream_capturing())
+def _streamk(device: torch.device, sms: int, for_graphs: bool | None = None) -> _StreamK:
+    """The scratch for GEMMs launched now: the current stream's, or the graphs' one while a capture runs."""
+    graphs = torch.cuda.is_current_stream_capturing() if for_graphs is None else for_graphs
+    key = (_index(device), 0 if graphs else torch.cuda.current_stream(device).cuda_stream, graphs)
     sk = _STREAMK.get(key)
     if sk is None:
         floats = _streamk_floats(sms)
@@ -584,6 +586,7 @@ def warmup(device: torch.device) -> None:
         for inst in _WGMMA_INSTANCES:
             _jit.set_dynamic_smem(_jit.function("fp8_gemm_wgmma.cu", inst, _WGMMA_INSTANCES), _SMEM_LIMIT)
         _streamk(device, _sm_count(_index(device)))
+        _streamk(device, _sm_count(_index(device)), for_graphs=True)  # allocated outside any capture
         _cluster_capacity(_index(device))
     for inst in _GEMM_INSTANCES:  # [N, K] weights (any GPU)
         _jit.function("fp8_gemm.cu", inst, _GEMM_INSTANCES)
