@@ -23,6 +23,7 @@ import statistics
 import sys
 
 import torch
+from kernel_patch import gemm_source
 
 from rtts import kernels
 from rtts.bench.kernels import copies_for, time_graph
@@ -62,16 +63,7 @@ ANCHORS = [
 SHAPES = [("wqkv", 6144, 2560), ("wo", 2560, 4096), ("gate_up", 19456, 2560), ("w2", 2560, 9728)]
 
 
-def instrumented_source(name: str, original=_jit.source) -> str:
-    s = original(name)
-    if name != "fp8_gemm_wgmma.cu":
-        return s
-    for a, b in ANCHORS:
-        if a not in s:
-            raise SystemExit(f"anchor not found in the kernel (update bench/probes/gemm_chain.py): {a!r}")
-        s = s.replace(a, b)
-    end = s.rindex("}", 0, s.index("#define GEMM_PARAMS"))  # the end of gemm_body
-    return s[:end] + "    if (tid == 0) TRS(2, gtime());\n" + s[end:]
+instrumented_source = gemm_source(ANCHORS, "gemm_chain.py", "    if (tid == 0) TRS(2, gtime());\n")
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import statistics
 
 import torch
+from kernel_patch import gemm_source
 
 from rtts import kernels
 from rtts.kernels import _jit
@@ -56,16 +57,7 @@ LABELS = [(0, "enter"), (1, "ready"), (2, "first_full"), (3, "last_iter"), (4, "
 SHAPES = [("wqkv", 6144, 2560), ("wo", 2560, 4096), ("gate_up", 19456, 2560), ("w2", 2560, 9728)]
 
 
-def instrumented_source(name: str, original=_jit.source) -> str:
-    s = original(name)
-    if name != "fp8_gemm_wgmma.cu":
-        return s
-    for a, b in ANCHORS:
-        if a not in s:
-            raise SystemExit(f"anchor not found in the kernel (update bench/probes/gemm_trace.py): {a!r}")
-        s = s.replace(a, b)
-    end = s.rindex("}", 0, s.index("#define GEMM_PARAMS"))  # the end of gemm_body: stamp the exit
-    return s[:end] + "    if (tid == 0) TR(5);\n" + s[end:]
+instrumented_source = gemm_source(ANCHORS, "gemm_trace.py", "    if (tid == 0) TR(5);\n")
 
 
 def main() -> None:

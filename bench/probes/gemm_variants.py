@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 
 import torch
+from kernel_patch import gemm_source
 
 from rtts import kernels
 from rtts.bench.kernels import S2_GEMMS, copies_for, time_graph
@@ -40,18 +42,8 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
 }
 
 
-def patched(edits: list[tuple[str, str]], original=_jit.source):  # noqa: ANN001, ANN201
-    def source(name: str) -> str:
-        s = original(name)
-        if name != "fp8_gemm_wgmma.cu":
-            return s
-        for a, b in edits:
-            if a not in s:
-                raise SystemExit(f"anchor not found in the kernel (update bench/probes/gemm_variants.py): {a!r}")
-            s = s.replace(a, b, 1)
-        return s
-
-    return source
+def patched(edits: list[tuple[str, str]]) -> Callable[[str], str]:
+    return gemm_source(edits, "gemm_variants.py")
 
 
 def main() -> None:
