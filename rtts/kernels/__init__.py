@@ -356,7 +356,11 @@ def _wgmma_step(N: int, K: int, device_index: int, cluster: int | None = None) -
     twice the shared memory per K block, so wide K ranges push its grid past the SM count; measured on the H200 at
     M = 128: gate|up 72 us as one two-wave 128-token launch vs 62 us as two 64-token launches, wqkv 26 vs 37)."""
     sms = _sm_count(device_index)
-    return 128 if wgmma_plan(128, N, K, sms).grid <= sms and _wgmma_fits(128, N, K, device_index, cluster) else 64
+    try:
+        plan = _plan(128, N, K, device_index, cluster=cluster)
+    except ValueError:
+        return 64
+    return 128 if plan.grid <= sms and scratch_fits(plan, N, sms) else 64
 
 
 @functools.cache
