@@ -184,6 +184,7 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
     KB, tiles = K // 128, N // _TILE_ROWS
     T = tiles * KB
     lean = nt <= _LEAN_NT
+    ring_min = -(-(_TILE_ROWS * nt * 4) // _TILE_BYTES)  # stages a cluster plan parks a share in
 
     def stages_for(iters: int, cl: bool) -> tuple[int, int]:
         blocks = min(KB, iters)
@@ -197,8 +198,6 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
         if cl:
             st = max(st, ring_min)  # the ring holds the last tile's share
         return st, wgmma_smem_bytes(nt, blocks, st, iters, cl)
-
-    ring_min = -(-(_TILE_ROWS * nt * 4) // _TILE_BYTES)  # stages a cluster plan parks a share in
 
     options: list[tuple[float, WgmmaPlan]] = []
     if cluster in (None, 1):
