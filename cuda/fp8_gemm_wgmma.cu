@@ -45,7 +45,7 @@
 // every other global read and all global writes come after it. The kernel lets its own dependents launch at once
 // (measured: later triggers were slower), so with the lean instances (two CTAs per SM) the next GEMM streams its
 // weights into its ring while this one finishes.
-#include "sm90.cuh"
+#include "streamk.cuh"
 
 #define TILE_ROWS 128     // weight rows per iteration: one 128x128 scale block, 64 per consumer warpgroup
 #define TILE_BYTES 16384  // one packed block
@@ -54,23 +54,6 @@
 #define BAR_CONSUMERS 1   // named barrier over the consumer threads
 #define BAR_READY 2       // producer warp -> consumers: stage barriers initialized (CONSUMERS + 32 threads)
 #define BAR_PUBLISH 3     // consumers -> publisher warp: the first tile's share is parked (CONSUMERS + 32 threads)
-
-// 64-bit division is a long emulated sequence on the GPU (measured: the ~18 of them a settling CTA used to do cost
-// microseconds on its critical path), so both use 32-bit math whenever the products fit, as for every decode shape.
-__device__ __forceinline__ i64 unit_begin(int c, i64 T, int C) {
-    if (T * (C + 1) < (1ll << 32)) return (i64)((unsigned)c * (unsigned)T / (unsigned)C);
-    return (i64)c * T / C;
-}
-
-// The CTA whose iteration range holds iteration u: the largest c with floor(c*T/C) <= u.
-__device__ __forceinline__ int unit_owner(i64 u, i64 T, int C) {
-    if ((T + u + 1) * (C + 1) < (1ll << 32))
-        return (int)(((unsigned)(u + 1) * (unsigned)C + (unsigned)T - 1u) / (unsigned)T) - 1;
-    return (int)(((u + 1) * C + T - 1) / T) - 1;
-}
-
-// Parked shares: only a CTA's first segment can start inside a tile, so a share summed by another CTA is always
-// its first tile's, and each CTA parks at most one, in slot c (ws holds [C][128 x NT] floats).
 
 // Wait until at most n of this thread's cp.async groups are pending (n clamped to 7: waiting for more is safe).
 __device__ __forceinline__ void cp_async_wait_upto(int n) {
@@ -84,55 +67,6 @@ __device__ __forceinline__ void cp_async_wait_upto(int n) {
         case 6: cp_async_wait<6>(); break;
         default: cp_async_wait<7>(); break;
     }
-}
-
-template <int NT>
-__device__ __forceinline__ void store_tile(const float (&v)[NT / 2], bf16_t* __restrict__ y, int row0, int M, int N) {
-    const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
-#pragma unroll
-    for (int r = 0; r < NT / 2; ++r) {
-        const int n = row0 + 16 * warp + (lane >> 2) + 8 * ((r & 3) >> 1);
-        const int m = 8 * (r >> 2) + 2 * (lane & 3) + (r & 1);
-        if (n < N && m < M) y[(i64)m * N + n] = float_to_bf16(v[r]);
-    }
-}
-
-// Sum the shares of tile t in CTA order (so every launch gives the same bits), this CTA's own (the first) from
-// registers; store y and reset the tile's counter. Shares are read GROUP at a time (each
-// group costs one L2 round trip): up to 16 tokens, all of a tile's (at most 8 for the decode shapes) at once.
-template <int NT, int ACCS>
-__device__ __forceinline__ void settle_tile(const float (&own)[NT / 2], const float* __restrict__ ws,
-                                            int* __restrict__ counters, bf16_t* __restrict__ y, int c, int t, i64 T,
-                                            int C, int KB, int M, int N) {
-    constexpr int R = NT / 2, GROUP = (NT <= 16 ? 8 : ACCS);
-    const int tid = threadIdx.x;
-    const int c_lo = unit_owner((i64)t * KB, T, C), c_hi = unit_owner((i64)t * KB + KB - 1, T, C);
-    float sum[R], buf[GROUP][R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) sum[r] = 0.f;
-    for (int c0 = c_lo; c0 <= c_hi; c0 += GROUP) {
-#pragma unroll
-        for (int u = 0; u < GROUP; ++u) {
-            const int cc = c0 + u;
-            if (cc > c_hi) break;
-            if (cc == c) {
-#pragma unroll
-                for (int r = 0; r < R; ++r) buf[u][r] = own[r];
-            } else {
-                const float* q = ws + (i64)cc * (TILE_ROWS * NT);
-#pragma unroll
-                for (int r = 0; r < R; ++r) buf[u][r] = __ldcg(q + r * CONSUMERS + tid);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < GROUP; ++u) {
-            if (c0 + u > c_hi) break;
-#pragma unroll
-            for (int r = 0; r < R; ++r) sum[r] += buf[u][r];
-        }
-    }
-    store_tile<NT>(sum, y, t * TILE_ROWS + 64 * (tid >> 7), M, N);
-    if (tid == 0) counters[t] = 0;  // ready for the next launch (graph replays included)
 }
 
 // Cluster settlement (CLUSTER): the shares of tile t, all in this cluster, are parked in the sharers' shared memory
@@ -395,7 +329,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
             while (load_acquire(&counters[settle]) < want) {
             }
         named_barrier(BAR_CONSUMERS, CONSUMERS);  // the acquire above orders every thread's reads below
-        settle_tile<NT, ACCS>(total, ws, counters, y, c, settle, T, C, KB, M, N);
+        settle_tile<NT, (NT <= 16 ? 8 : ACCS), CONSUMERS>(total, ws, counters, y, c, settle, T, C, KB, M, N);
     }
     if constexpr (CLUSTER) {
         cluster_sync();  // every share of every tile of the cluster is parked

@@ -82,6 +82,21 @@ __device__ __forceinline__ void bulk_copy_g2s(unsigned dst, const void* src, uns
                  ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 
+// A tensor map (CUtensorMap: 128 opaque bytes the driver encodes, cuTensorMapEncodeTiled) passed by value as a
+// __grid_constant__ kernel parameter; the TMA engine reads it through its generic address.
+struct __align__(64) TensorMap {
+    u64 opaque[16];
+};
+
+// One box of a 2-D tensor map at element coordinates (c0 innermost, c1) -> shared memory, completing on `bar`. The
+// map's swizzle mode decides the shared layout; elements outside the tensor are written as zeros (and still count
+// toward the transaction bytes: the full box always lands).
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TensorMap* map, int c0, int c1, unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+        ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+
 // Programmatic dependent launch (PDL): let the next kernel on the stream start launching now; wait until the
 // kernels before this one have completed and their writes are visible (a no-op when launched without PDL).
 __device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }

@@ -32,6 +32,16 @@ def gemm_cluster() -> int | None:
     return int(v) if v else None
 
 
+def gemm_rows() -> int | None:
+    """RTTS_GEMM_ROWS=64|128: force the wgmma GEMM's tile height for 17-128 tokens (64: fp8_gemm_wgmma64, one
+    warpgroup per 64-row tile, tokens through the ring; 128: fp8_gemm_wgmma, two warpgroups, tokens staged) instead
+    of the planner's choice (comparison, bisection)."""
+    v = os.environ.get("RTTS_GEMM_ROWS", "").strip()
+    if v not in ("", "64", "128"):
+        raise ValueError(f"RTTS_GEMM_ROWS must be 64 or 128, got {v!r}")
+    return int(v) if v else None
+
+
 def kernel_cache_dir() -> str | None:
     """RTTS_KERNEL_CACHE_DIR: where compiled kernels are cached (CuPy's own cache otherwise)."""
     return os.environ.get("RTTS_KERNEL_CACHE_DIR") or None

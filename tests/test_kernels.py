@@ -181,6 +181,23 @@ def test_wgmma_plan_fits_the_gpu() -> None:
                     assert 2 * (p.smem + 1024 + 64) <= 228 * 1024  # two lean CTAs share an SM
 
 
+def test_wgmma64_plan_fits_two_ctas_per_sm() -> None:
+    """The 64-row kernel's plans: a token tile holding M, global stream-K over at most one CTA per SM, and a ring that
+    leaves room for a second CTA (the next GEMM's) on every SM."""
+    for M in (17, 32, 33, 64, 65, 100, 128):
+        for N, K in ((2560, 9728), (19456, 2560), (6144, 2560), (2560, 4096), (128, 128), (384, 1280)):
+            p = kernels.wgmma64_plan(M, N, K, sms=132)
+            T = N // 64 * (K // 128)
+            assert p.rows == 64 and p.cluster == 1 and p.nt in (32, 64, 128) and p.nt >= M > p.nt // 2
+            assert p.grid == min(T, 132) and p.iters == math.ceil(T / p.grid)
+            assert 2 <= p.stages <= 8 and p.smem == kernels.wgmma64_smem_bytes(p.nt, p.stages, p.iters)
+            assert 2 * (p.smem + 1024 + 64) <= 228 * 1024
+            assert kernels.scratch_fits(p, N, 132)
+            assert kernels.wgmma64_plan(M, N, K, sms=132, stages=2).stages == 2
+    with pytest.raises(ValueError):
+        kernels.wgmma64_plan(129, 2560, 2560, sms=132)
+
+
 def test_wgmma_plan_prefers_cluster_settlement() -> None:
     """S2-Pro shapes as measured on the H200: at 1-16 tokens global stream-K everywhere; at 64, wo (tiles split over 8
     CTAs, 32 KB shares) settles in clusters of an even split; cluster capacity below sms // size (unequal GPCs)
@@ -215,13 +232,15 @@ def test_wgmma_forced_stages_keep_the_split_and_oversized_plans_are_refused() ->
 
 
 def test_wgmma_token_slices(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Beyond 64 tokens a 128-token launch is used only where its plan is one wave of CTAs (measured: a two-wave
-    128-token gate|up was slower than two 64-token launches)."""
+    """Beyond 64 tokens the 128-row kernel takes a 128-token launch only where its plan is one wave of CTAs
+    (measured: a two-wave 128-token gate|up was slower than two 64-token launches)."""
     monkeypatch.setattr(kernels, "_sm_count", lambda index: 132)
     kernels._wgmma_step.cache_clear()
     try:
-        assert kernels._wgmma_step(6144, 2560, 0) == 128 and kernels._wgmma_step(2560, 4096, 0) == 128
-        assert kernels._wgmma_step(19456, 2560, 0) == 64 and kernels._wgmma_step(2560, 9728, 0) == 64
+        assert kernels._wgmma_step(6144, 2560, 0, None, 128) == 128
+        assert kernels._wgmma_step(2560, 4096, 0, None, 128) == 128
+        assert kernels._wgmma_step(19456, 2560, 0, None, 128) == 64
+        assert kernels._wgmma_step(2560, 9728, 0, None, 128) == 64
     finally:
         kernels._wgmma_step.cache_clear()
 
@@ -254,11 +273,12 @@ def test_fp8_gemm_rounds_like_fp32_accumulation(M: int) -> None:
 
 
 @GPU
+@pytest.mark.parametrize("rows", [64, 128])
 @pytest.mark.parametrize("stages", [2, 3, 4])
-@pytest.mark.parametrize("M", [5, 40])  # 8- and 64-token tiles (4 KB / 32 KB shares)
-def test_fp8_gemm_stream_k_is_deterministic_and_resets(stages: int, M: int) -> None:
+@pytest.mark.parametrize("M", [5, 40, 128])  # 8-, 64- and 128-token tiles
+def test_fp8_gemm_stream_k_is_deterministic_and_resets(stages: int, M: int, rows: int) -> None:
     """Tiles shared by several CTAs are summed in a fixed order and their counters end at zero, so repeated calls
-    and graph replays give identical bits."""
+    and graph replays give identical bits; with both tile heights (64: fp8_gemm_wgmma64, 128: fp8_gemm_wgmma)."""
     if not kernels._use_wgmma(torch.device("cuda")):
         pytest.skip("no wgmma on this GPU")
     N, K = 2560, 9728  # 20 tiles x 76 K blocks: most tiles are split across CTAs
@@ -266,9 +286,10 @@ def test_fp8_gemm_stream_k_is_deterministic_and_resets(stages: int, M: int) -> N
     wq, sw = ref.quantize_weight(w)
     xq, sx = ref.quantize_1x128(x)
     wp = kernels.pack_weight(wq)
-    first = kernels._fp8_gemm_wgmma(xq, sx, wp, sw, stages=stages, cluster=1)
+    first = kernels._fp8_gemm_wgmma(xq, sx, wp, sw, stages=stages, cluster=1, rows=rows)
+    assert kernels._plan(M, N, K, 0, stages, 1, rows).rows == rows
     for _ in range(3):
-        assert torch.equal(kernels._fp8_gemm_wgmma(xq, sx, wp, sw, stages=stages, cluster=1), first)
+        assert torch.equal(kernels._fp8_gemm_wgmma(xq, sx, wp, sw, stages=stages, cluster=1, rows=rows), first)
     r = ref.fp8_gemm(xq, sx, wq, sw).float()
     assert (first.float() - r).abs().max() / r.abs().max() < 1e-2
     sk = kernels._streamk(torch.device("cuda"), kernels._sm_count(0))
@@ -300,7 +321,28 @@ def test_fp8_gemm_every_split_is_correct_and_deterministic(cluster: int, M: int,
 
 
 @GPU
-def test_fp8_gemm_pdl_chain(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("rows", [64, 128])
+@pytest.mark.parametrize("M,N,K", [(17, 1152, 640), (33, 384, 1280), (64, 2560, 4096), (100, 6144, 2560),
+                                   (128, 19456, 2560), (40, 128, 16384), (128, 128, 128), (7, 256, 384)])
+def test_fp8_gemm_both_tile_heights(rows: int, M: int, N: int, K: int) -> None:
+    """The 64-row kernel (one warpgroup, tokens through the ring by tensor-map TMA, rows past M zero-filled by the copy
+    engine) and the 128-row one compute the same product, the same bits on every call, on odd sizes too."""
+    if not kernels._use_wgmma(torch.device("cuda")):
+        pytest.skip("no wgmma on this GPU")
+    x, w = _x(M, K, seed=M + 60, device="cuda"), _x(N, K, scale=0.05, seed=N + 61, device="cuda")
+    wq, sw = ref.quantize_weight(w)
+    xq, sx = ref.quantize_1x128(x)
+    wp = kernels.pack_weight(wq)
+    first = kernels._fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1, rows=rows)
+    r = ref.fp8_gemm(xq, sx, wq, sw).float()
+    assert (first.float() - r).abs().max() / r.abs().max() < 1e-2
+    for _ in range(2):
+        assert torch.equal(kernels._fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1, rows=rows), first)
+
+
+@GPU
+@pytest.mark.parametrize("M", [3, 40])  # the 128-row (lean) and the 64-row kernel
+def test_fp8_gemm_pdl_chain(monkeypatch: pytest.MonkeyPatch, M: int) -> None:
     """GEMMs launched with programmatic dependent launch start while the previous kernel finishes: a chain where
     each GEMM reads the previous one's output (through the quantize kernel) gives the same bits with and without
     PDL, eagerly and replayed from a CUDA graph."""
@@ -308,7 +350,7 @@ def test_fp8_gemm_pdl_chain(monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.skip("no wgmma on this GPU")
     ws = [ref.quantize_weight(_x(2560, 2560, scale=0.03, seed=20 + i, device="cuda")) for i in range(6)]
     ws = [(kernels.pack_weight(q), s) for q, s in ws]
-    x0 = _x(3, 2560, seed=30, device="cuda")
+    x0 = _x(M, 2560, seed=30, device="cuda")
 
     def chain() -> torch.Tensor:
         h = x0

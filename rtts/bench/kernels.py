@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -62,8 +63,8 @@ def copies_for(nbytes: int) -> int:
     return max(2, math.ceil(3 * L2_BYTES / nbytes))
 
 
-def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = (),
-               clusters: tuple[int, ...] = ()) -> dict[str, Any]:
+def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = (), clusters: tuple[int, ...] = (),
+               rows: tuple[int, ...] = ()) -> dict[str, Any]:
     dev = "cuda"
     R = copies_for(N * K)
     ws = [torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.05 for _ in range(min(R, 8))]
@@ -109,9 +110,16 @@ def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = (),
             return kernels._fp8_gemm_wgmma(xq, sx, wq, sw, cluster=cs)
 
         out[f"wgmma_cluster{cs}_us"] = 1e6 * time_graph(_calls(split, reps))
+    for rw in rows if M <= 128 and packed[0][0].dim() == 4 else ():
+        def tiled(i: int, rw: int = rw) -> torch.Tensor:
+            wq, sw = packed[i % n]
+            return kernels._fp8_gemm_wgmma(xq, sx, wq, sw, rows=rw)
+
+        out[f"wgmma_rows{rw}_us"] = 1e6 * time_graph(_calls(tiled, reps))
     if packed[0][0].dim() == 4:
-        p = kernels._plan(min(M, kernels._wgmma_step(N, K, 0, env.gemm_cluster())), N, K, 0)
-        out["plan"] = f"{'cluster ' + str(p.cluster) if p.cluster > 1 else 'global'}, {p.stages} st, {p.grid} CTAs"
+        p = kernels._plan(min(M, kernels._wgmma_step(N, K, 0, env.gemm_cluster(), env.gemm_rows())), N, K, 0)
+        how = f"cluster {p.cluster}" if p.cluster > 1 else "global"
+        out["plan"] = f"{p.rows} rows, {how}, {p.stages} st, {p.grid} CTAs"
     out["fp8_linear_us"] = 1e6 * time_graph(_calls(linear, reps))
     # torch._scaled_mm with per-tensor scales (the stock FP8 path); FP8 MMA needs M padded to 16.
     Mp = max(16, (M + 15) // 16 * 16)
@@ -133,7 +141,7 @@ def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = (),
     return out
 
 
-def bench_mlp(M: int, dim: int = 2560, hidden: int = 9728) -> dict[str, float]:
+def bench_mlp(M: int, dim: int = 2560, hidden: int = 9728, rows: tuple[int, ...] = ()) -> dict[str, float]:
     dev = "cuda"
     nbytes = 3 * hidden * dim
     n = min(copies_for(nbytes), 6)
@@ -156,7 +164,14 @@ def bench_mlp(M: int, dim: int = 2560, hidden: int = 9728) -> dict[str, float]:
 
     b = 1e6 * time_graph(_calls(bf16, reps))
     f = 1e6 * time_graph(_calls(fp8, reps))
-    return {"bf16_us": b, "fp8_us": f, "speedup_vs_bf16": b / f}
+    out = {"bf16_us": b, "fp8_us": f, "speedup_vs_bf16": b / f}
+    for rw in rows:  # the GEMMs' tile height forced (read by fp8_gemm while the graph is captured)
+        os.environ["RTTS_GEMM_ROWS"] = str(rw)
+        try:
+            out[f"fp8_rows{rw}_us"] = 1e6 * time_graph(_calls(fp8, reps))
+        finally:
+            os.environ.pop("RTTS_GEMM_ROWS")
+    return out
 
 
 def bench_attention(B: int, L: int, n_kv: int = 8, G: int = 4, D: int = 128) -> dict[str, float]:
@@ -205,40 +220,44 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stages", default="", help="also time the wgmma GEMM with at most these weight stages (e.g. 2,4)")
     p.add_argument("--clusters", default="", help="also time the wgmma GEMM with these splits forced (1 = global "
                    "stream-K, 2-8 = clusters of that many CTAs)")
+    p.add_argument("--rows", default="", help="also time the wgmma GEMM (and the MLP block) with these tile heights "
+                   "forced (64 = fp8_gemm_wgmma64, 128 = fp8_gemm_wgmma)")
     args = p.parse_args(argv)
     kernels.warmup(torch.device("cuda"))
     ms = [int(x) for x in args.m.split(",")]
     stages = tuple(int(x) for x in args.stages.split(",") if x)
     clusters = tuple(int(x) for x in args.clusters.split(",") if x)
+    tile_rows = tuple(int(x) for x in args.rows.split(",") if x)
     bw = copy_bandwidth()
     copy_tbps = bw["copy_TBps"]
     print(f"copy bandwidth: memcpy {bw['memcpy_TBps']:.2f} TB/s, kernel {bw['kernel_TBps']:.2f} TB/s", flush=True)
     rows = ["## FP8 GEMM (slow and fast transformer linears; N x K)", "",
-            "rtts fp8 GEMM = the kernel fp8_gemm dispatches to (wgmma on sm_90a; plan: global stream-K or clusters "
-            "of N CTAs settled in distributed shared memory, weight stages, CTAs); mma.sync = the portable kernel, "
+            "rtts fp8 GEMM = the kernel fp8_gemm dispatches to (wgmma on sm_90a; plan: weight rows per tile (128: "
+            "fp8_gemm_wgmma, 64: fp8_gemm_wgmma64), global stream-K or clusters of N CTAs settled in distributed "
+            "shared memory, ring stages, CTAs); mma.sync = the portable kernel, "
             "for comparison.", "",
             "| layer | N x K | M | torch bf16 us | torch _scaled_mm us | rtts fp8 GEMM us | plan | mma.sync us "
             "| + act quant us | TB/s (rtts) | TB/s (bf16) | speedup vs bf16 |", "|---" * 12 + "|"]
     gemm: list[dict[str, Any]] = []
     for name, N, K in S2_GEMMS:
         for M in ms:
-            r = bench_gemm(N, K, M, stages, clusters)
+            r = bench_gemm(N, K, M, stages, clusters, tile_rows)
             gemm.append({"layer": name, "N": N, "K": K, "M": M, **r})
             rows.append(f"| {name} | {N}x{K} | {M} | {r['bf16_us']:.1f} | {r.get('scaled_mm_us', float('nan')):.1f} "
                         f"| {r['fp8_gemm_us']:.1f} | {r.get('plan', '-')} | {r['mma_sync_us']:.1f} "
                         f"| {r['fp8_linear_us']:.1f} "
                         f"| {r['fp8_gemm_TBps']:.2f} | {r['bf16_TBps']:.2f} | {r['speedup_vs_bf16']:.2f}x |")
-            print(rows[-1], " ".join(f"{k}={v:.1f}" for k, v in r.items() if k.startswith(("wgmma_stages",
-                                                                                         "wgmma_cluster"))),
-                  flush=True)
+            extra = " ".join(f"{k}={v:.1f}" for k, v in r.items()
+                             if k.startswith(("wgmma_stages", "wgmma_cluster", "wgmma_rows")))
+            print(rows[-1], extra, flush=True)
     rows += ["", "## MLP block (gate|up GEMM -> SwiGLU + quantize -> down), 2560 -> 9728 -> 2560", "",
              "| M | bf16 us | fp8 us | speedup |", "|---|---|---|---|"]
     mlp = []
     for M in ms:
-        r = bench_mlp(M)
+        r = bench_mlp(M, rows=tile_rows)
         mlp.append({"M": M, **r})
         rows.append(f"| {M} | {r['bf16_us']:.1f} | {r['fp8_us']:.1f} | {r['speedup_vs_bf16']:.2f}x |")
-        print(rows[-1], flush=True)
+        print(rows[-1], " ".join(f"{k}={v:.1f}" for k, v in r.items() if k.startswith("fp8_rows")), flush=True)
     rows += ["", f"## Decode attention (8 KV heads x 4 query heads x 128; copy bandwidth {copy_tbps:.2f} TB/s "
              f"read+write: SM copy kernel {bw['kernel_TBps']:.2f}, graph memcpy {bw['memcpy_TBps']:.2f})", "",
              "| batch | context | rtts us | SDPA us | rtts read TB/s | % of copy BW | speedup |",

@@ -115,6 +115,15 @@ _MAX_CLUSTER = 8  # portable cluster size
 _SETTLE_COST = 0.35
 _MAX_GRID_PER_SM = 4  # stream-K scratch is sized for this many CTAs per SM
 
+# 64-row kernel (cuda/fp8_gemm_wgmma64.cu) for 17-128 tokens: one consumer warpgroup per 64-row half tile, tokens
+# streamed through the ring by tensor-map TMA, two CTAs per SM.
+_H_NT = (32, 64, 128)
+_H_ROWS = 64
+_H_BYTES = _H_ROWS * 128
+_H_THREADS = 128 + 64
+_H_MAX_STAGES = 8
+_H_INSTANCES = tuple(f"fp8_gemm_wgmma64<{nt}>" for nt in _H_NT)
+
 
 class WgmmaPlan(NamedTuple):
     """Launch plan of the wgmma GEMM. cluster == 1: stream-K over the whole grid, settled through global memory;
@@ -125,7 +134,8 @@ class WgmmaPlan(NamedTuple):
     grid: int  # CTAs
     smem: int  # dynamic shared memory per CTA
     cluster: int  # CTAs per cluster (1: none)
-    iters: int  # the most iterations (16 KB weight blocks) any CTA streams
+    iters: int  # the most iterations (weight blocks of `rows` x 128) any CTA streams
+    rows: int = _TILE_ROWS  # weight rows per tile: 128 (fp8_gemm_wgmma) or 64 (fp8_gemm_wgmma64, global stream-K)
 
 
 def _wgmma_instance(nt: int, cluster: bool) -> str:
@@ -234,6 +244,31 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
     return best
 
 
+def wgmma64_smem_bytes(nt: int, stages: int, iters: int) -> int:
+    """Dynamic shared memory of one 64-row CTA: `stages` ring stages (8 KB of weights, NT x 128 tokens, NT token
+    scales), the weight scales of its `iters` iterations, two mbarriers per stage, 1 KB of alignment slack."""
+    return 1024 + stages * (_H_BYTES + nt * 128 + nt * 4) + 4 * iters + 16 * stages + 8
+
+
+@functools.cache
+def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) -> WgmmaPlan:
+    """The 64-row kernel's plan for 17-128 tokens: the smallest token tile of _H_NT holding M; global stream-K of
+    the T = N/64 * K/128 half-block iterations over min(T, sms) CTAs; as many ring stages (up to _H_MAX_STAGES) as fit
+    in half an SM's shared memory, so a second CTA (the next GEMM's, under PDL) is resident beside each."""
+    if M > _H_NT[-1] or N % _H_ROWS or K % 128:
+        raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K}")
+    nt = next(n for n in _H_NT if n >= M)
+    T = N // _H_ROWS * (K // 128)
+    grid = min(T, sms)
+    iters = -(-T // grid)
+    room = _SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, 0, iters)
+    st = min(_H_MAX_STAGES, room // (_H_BYTES + nt * 132 + 16))
+    if stages is not None:
+        st = min(st, stages)
+    st = max(1, st)
+    return WgmmaPlan(nt, st, grid, wgmma64_smem_bytes(nt, st, iters), 1, iters, _H_ROWS)
+
+
 @dataclasses.dataclass
 class _StreamK:
     """Split-tile scratch of one stream: FP32 partials (one tile slot per CTA) and per-tile arrival counters that
@@ -338,9 +373,9 @@ def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Ten
     if M == 0:
         return torch.empty(0, N, dtype=torch.bfloat16, device=xq.device)
     wgmma = packed and _use_wgmma(xq.device)
-    forced = env.gemm_cluster()  # read per call; the cached plan checks below are keyed by it
-    step = _wgmma_step(N, K, _index(xq.device), forced) if wgmma else 128  # larger batches run in token slices
-    wgmma = wgmma and _wgmma_fits(min(M, step), N, K, _index(xq.device), forced)
+    forced, rows = env.gemm_cluster(), env.gemm_rows()  # read per call; the cached plan checks are keyed by them
+    step = _wgmma_step(N, K, _index(xq.device), forced, rows) if wgmma else 128  # larger batches: token slices
+    wgmma = wgmma and _wgmma_fits(min(M, step), N, K, _index(xq.device), forced, rows)
     if packed and not wgmma:  # packed weights without a wgmma plan (other GPUs, huge layers): correct, not fast
         wq, packed, step = reference.unpack_weight(wq), False, 128
     if M > step:
@@ -350,13 +385,13 @@ def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Ten
 
 
 @functools.cache
-def _wgmma_step(N: int, K: int, device_index: int, cluster: int | None = None) -> int:
+def _wgmma_step(N: int, K: int, device_index: int, cluster: int | None = None, rows: int | None = None) -> int:
     """Tokens per wgmma launch beyond 64: 128 when that plan is one wave of CTAs, else 64 (a 128-token tile needs
     twice the shared memory per K block, so wide K ranges push its grid past the SM count; measured on the H200 at
     M = 128: gate|up 72 us as one two-wave 128-token launch vs 62 us as two 64-token launches, wqkv 26 vs 37)."""
     sms = _sm_count(device_index)
     try:
-        plan = _plan(128, N, K, device_index, cluster=cluster)
+        plan = _plan(128, N, K, device_index, cluster=cluster, rows=rows)
     except ValueError:
         return 64
     return 128 if plan.grid <= sms and scratch_fits(plan, N, sms) else 64
@@ -381,32 +416,47 @@ def _cluster_capacity(device_index: int) -> tuple[int, ...] | None:
 
 
 def _plan(M: int, N: int, K: int, device_index: int, stages: int | None = None,
-          cluster: int | None = None) -> WgmmaPlan:
-    """The plan launched: `cluster` forced by the caller or RTTS_GEMM_CLUSTER, else the planner's choice."""
+          cluster: int | None = None, rows: int | None = None) -> WgmmaPlan:
+    """The plan launched: `cluster` / `rows` forced by the caller or RTTS_GEMM_CLUSTER / RTTS_GEMM_ROWS, else the
+    planner's choice: the 64-row kernel for more than 16 tokens (where the driver encodes tensor maps), unless a
+    cluster split is forced (only the 128-row kernel has one)."""
     if cluster is None:
         cluster = env.gemm_cluster()
-    return wgmma_plan(M, N, K, _sm_count(device_index), stages, cluster, _cluster_capacity(device_index))
+    if rows is None:
+        rows = env.gemm_rows()
+    sms = _sm_count(device_index)
+    if _rows64(M, cluster, rows):
+        return wgmma64_plan(M, N, K, sms, stages)
+    return wgmma_plan(M, N, K, sms, stages, cluster, _cluster_capacity(device_index))
+
+
+def _rows64(M: int, cluster: int | None, rows: int | None) -> bool:
+    from rtts.kernels import _jit
+
+    if (cluster is not None and cluster > 1) or rows == _TILE_ROWS or not _jit.tensor_maps_available():
+        return False
+    return rows == _H_ROWS or M > _LEAN_NT
 
 
 def scratch_fits(plan: WgmmaPlan, N: int, sms: int) -> bool:
     """A global stream-K plan's shares and counters fit the per-stream scratch (at 64 tokens: layers up to ~200M
     weights); cluster plans use none."""
-    return plan.cluster > 1 or (N // _TILE_ROWS <= _STREAMK_TILES
-                                and plan.grid * _TILE_ROWS * plan.nt <= _streamk_floats(sms))
+    return plan.cluster > 1 or (N // plan.rows <= _STREAMK_TILES
+                                and plan.grid * plan.rows * plan.nt <= _streamk_floats(sms))
 
 
 @functools.cache
-def _wgmma_fits(M: int, N: int, K: int, device_index: int, cluster: int | None) -> bool:
-    """A plan exists for M tokens (with `cluster` forced, or not) and its scratch fits."""
+def _wgmma_fits(M: int, N: int, K: int, device_index: int, cluster: int | None, rows: int | None = None) -> bool:
+    """A plan exists for M tokens (with `cluster` / `rows` forced, or not) and its scratch fits."""
     try:
-        plan = _plan(M, N, K, device_index, cluster=cluster)
+        plan = _plan(M, N, K, device_index, cluster=cluster, rows=rows)
     except ValueError:
         return False
     return scratch_fits(plan, N, _sm_count(device_index))
 
 
 def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wp: torch.Tensor, sw: torch.Tensor,
-                    stages: int | None = None, cluster: int | None = None) -> torch.Tensor:
+                    stages: int | None = None, cluster: int | None = None, rows: int | None = None) -> torch.Tensor:
     from rtts.kernels import _jit
 
     M, K = xq.shape
@@ -414,19 +464,27 @@ def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wp: torch.Tensor, sw: to
     dev = _index(xq.device)
     _check(wp.dim() == 4 and M <= _WGMMA_NT[-1], f"fp8_gemm: no wgmma plan for {M}x{N}x{K}")
     try:
-        plan = _plan(M, N, K, dev, stages, cluster)
+        plan = _plan(M, N, K, dev, stages, cluster, rows)
     except ValueError as e:
         raise ValueError(f"fp8_gemm: {e}") from None
     # The plan actually launched (a forced split or stage count included) must fit the scratch it writes.
     _check(scratch_fits(plan, N, _sm_count(dev)), f"fp8_gemm: {plan} for {M}x{N}x{K} exceeds the stream-K scratch")
     sk = _streamk(xq.device, _sm_count(dev))
     y = torch.empty(M, N, dtype=torch.bfloat16, device=xq.device)
+    tail = (wp.data_ptr(), sw.data_ptr(), y.data_ptr(), sk.partials.data_ptr(), sk.counters.data_ptr(), _i32(M),
+            _i32(N), _i32(K), _i32(pad4(M)), _i32(plan.stages))
+    if plan.rows == _H_ROWS:
+        # Tokens and their scales are bulk-copied: both must start 16-byte aligned (fresh torch tensors do).
+        _check(xq.data_ptr() % 16 == 0 and sx.data_ptr() % 16 == 0, "fp8_gemm: x and sx must be 16-byte aligned")
+        fn = _jit.function("fp8_gemm_wgmma64.cu", f"fp8_gemm_wgmma64<{plan.nt}>", _H_INSTANCES)
+        _jit.set_dynamic_smem(fn, plan.smem)
+        xmap = _jit.tensor_map_2d(xq.data_ptr(), M, K, plan.nt, 128)
+        _jit.launch(fn, (plan.grid,), (_H_THREADS,), (xmap, sx.data_ptr(), *tail), shared_mem=plan.smem, pdl=True)
+        return y
     fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(plan.nt, plan.cluster > 1), _WGMMA_INSTANCES)
     _jit.set_dynamic_smem(fn, plan.smem)
-    _jit.launch(fn, (plan.grid,), (_WGMMA_THREADS,), (xq.data_ptr(), sx.data_ptr(), wp.data_ptr(), sw.data_ptr(),
-                                                      y.data_ptr(), sk.partials.data_ptr(), sk.counters.data_ptr(),
-                                                      _i32(M), _i32(N), _i32(K), _i32(pad4(M)), _i32(plan.stages)),
-                shared_mem=plan.smem, pdl=True, cluster=plan.cluster)
+    _jit.launch(fn, (plan.grid,), (_WGMMA_THREADS,), (xq.data_ptr(), sx.data_ptr(), *tail), shared_mem=plan.smem,
+                pdl=True, cluster=plan.cluster)
     return y
 
 
@@ -588,6 +646,8 @@ def warmup(device: torch.device) -> None:
     if _use_wgmma(device):
         for inst in _WGMMA_INSTANCES:
             _jit.set_dynamic_smem(_jit.function("fp8_gemm_wgmma.cu", inst, _WGMMA_INSTANCES), _SMEM_LIMIT)
+        for inst in _H_INSTANCES:
+            _jit.set_dynamic_smem(_jit.function("fp8_gemm_wgmma64.cu", inst, _H_INSTANCES), _SMEM_PAIR_LIMIT)
         _streamk(device, _sm_count(_index(device)))
         _streamk(device, _sm_count(_index(device)), for_graphs=True)  # allocated outside any capture
         _cluster_capacity(_index(device))

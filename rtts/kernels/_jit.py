@@ -8,6 +8,8 @@
 - Modules are compiled once per process (functools.cache, keyed by the source hash, NVRTC version and options) and
   must be loaded before any CUDA-graph capture: `warmup()` does that.
 - Launches read `torch.cuda.current_stream()` at every call (inside graph capture that is the capture stream).
+- `tensor_map_2d(...)` encodes a TMA tensor map (the driver's cuTensorMapEncodeTiled, ctypes) that a kernel takes by
+  value as a `__grid_constant__ TensorMap` parameter; launches carrying one go through cuLaunchKernelEx.
 - `launch(..., pdl=True)` launches through the driver's cuLaunchKernelEx (ctypes; CuPy has no such call) with
   programmatic stream serialization, so the kernel may start while the previous one on the stream finishes; the
   kernel itself must `griddepcontrol.wait` before touching anything that kernel wrote (CUDA graphs keep the edge).
@@ -147,7 +149,7 @@ def launch(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[A
     where the driver has it (module docstring). `cluster` > 1: thread-block clusters of that many CTAs along x (the
     grid must be a multiple of it).
     """
-    if cluster > 1 or (pdl and pdl_available()):
+    if cluster > 1 or (pdl and pdl_available()) or any(isinstance(a, TensorMap) for a in args):
         _launch_ex(fn, grid, block, args, shared_mem, pdl and pdl_available(), cluster)
         return
     with _external_stream(torch.cuda.current_stream().cuda_stream):
@@ -215,7 +217,9 @@ def max_active_clusters(fn: Any, cluster: int, block: int, shared_mem: int) -> i
     return int(n.value) if rc == 0 else 0
 
 
-def _c_arg(a: Any) -> ctypes._SimpleCData:
+def _c_arg(a: Any) -> ctypes._SimpleCData | TensorMap:
+    if isinstance(a, TensorMap):
+        return a
     if isinstance(a, np.int32):
         return ctypes.c_int32(int(a))
     if isinstance(a, np.float32):
@@ -223,6 +227,38 @@ def _c_arg(a: Any) -> ctypes._SimpleCData:
     if isinstance(a, int):  # a device pointer
         return ctypes.c_uint64(a)
     raise TypeError(f"unsupported kernel argument {a!r}")
+
+
+class TensorMap(ctypes.Structure):  # CUtensorMap: 128 opaque bytes, 64-byte aligned
+    _pack_ = 8
+    _fields_ = [("opaque", ctypes.c_uint64 * 16)]
+
+
+_U8, _SWIZZLE_128B, _L2_PROMOTE_128B = 0, 3, 2  # CU_TENSOR_MAP_DATA_TYPE_UINT8, ..._SWIZZLE_128B, ..._L2_PROMOTION_128B
+
+
+def tensor_maps_available() -> bool:
+    drv = _driver()
+    return drv is not None and hasattr(drv, "cuTensorMapEncodeTiled") and _launch_kernel_ex() is not None
+
+
+@functools.lru_cache(maxsize=4096)  # pure in its arguments; a captured graph keeps its own copy of the parameter
+def tensor_map_2d(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int) -> TensorMap:
+    """TMA map over a row-major byte matrix [rows, cols] at device address `ptr` (16-byte aligned, cols % 16 == 0):
+    boxes of box_rows x box_cols bytes (box_cols <= 128) land in shared memory with the 128-byte swizzle the wgmma
+    descriptors read (desc_sw128); rows past `rows` are filled with zeros."""
+    if ptr % 16 or cols % 16 or box_cols > 128 or not 1 <= box_rows <= 256:
+        raise ValueError(f"tensor_map_2d: unsupported map {rows}x{cols} box {box_rows}x{box_cols} at {ptr:#x}")
+    m = TensorMap()
+    dims = (ctypes.c_uint64 * 2)(cols, rows)
+    strides = (ctypes.c_uint64 * 1)(cols)
+    box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
+    unit = (ctypes.c_uint32 * 2)(1, 1)
+    rc = _driver().cuTensorMapEncodeTiled(ctypes.byref(m), _U8, 2, ctypes.c_void_p(ptr), dims, strides, box, unit, 0,
+                                          _SWIZZLE_128B, _L2_PROMOTE_128B, 0)
+    if rc != 0:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed with CUresult {rc}")
+    return m
 
 
 def pdl_available() -> bool:

@@ -1,0 +1,69 @@
+// Stream-K bookkeeping shared by the wgmma GEMMs (fp8_gemm_wgmma.cu: 128-row tiles, two consumer warpgroups;
+// fp8_gemm_wgmma64.cu: 64-row tiles, one): which iterations a CTA streams, who owns an iteration, storing a tile, and
+// settling a tile split over several CTAs through global memory.
+//
+// The grid is persistent and CTA c takes the contiguous iteration range [c*T/C, (c+1)*T/C) of the T = tiles * K/128
+// iterations in tile-major order. A tile shared by several CTAs is summed by the one holding its first K block (always
+// that CTA's last segment), in CTA order (the same bits on every launch): the others park their FP32 shares in slot c
+// of a per-stream workspace (only a CTA's first segment can start inside a tile, so a share summed by another CTA is
+// always its first tile's, and each CTA parks at most one) and count themselves in with a release add.
+#pragma once
+#include "sm90.cuh"
+
+// 64-bit division is a long emulated sequence on the GPU (measured: the ~18 of them a settling CTA used to do cost
+// microseconds on its critical path), so both use 32-bit math whenever the products fit, as for every decode shape.
+__device__ __forceinline__ i64 unit_begin(int c, i64 T, int C) {
+    if (T * (C + 1) < (1ll << 32)) return (i64)((unsigned)c * (unsigned)T / (unsigned)C);
+    return (i64)c * T / C;
+}
+
+// The CTA whose iteration range holds iteration u: the largest c with floor(c*T/C) <= u.
+__device__ __forceinline__ int unit_owner(i64 u, i64 T, int C) {
+    if ((T + u + 1) * (C + 1) < (1ll << 32))
+        return (int)(((unsigned)(u + 1) * (unsigned)C + (unsigned)T - 1u) / (unsigned)T) - 1;
+    return (int)(((u + 1) * C + T - 1) / T) - 1;
+}
+
+// One warpgroup's accumulator tile (64 weight rows from row0, NT tokens) to y[M, N] as bf16; rows/tokens past N/M
+// are dropped.
+template <int NT>
+__device__ __forceinline__ void store_tile(const float (&v)[NT / 2], bf16_t* __restrict__ y, int row0, int M, int N) {
+    const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
+#pragma unroll
+    for (int r = 0; r < NT / 2; ++r) {
+        const int n = row0 + 16 * warp + (lane >> 2) + 8 * ((r & 3) >> 1);
+        const int m = 8 * (r >> 2) + 2 * (lane & 3) + (r & 1);
+        if (n < N && m < M) y[(i64)m * N + n] = float_to_bf16(v[r]);
+    }
+}
+
+// Sum tile t, whose first K block is this CTA's (so c is its lowest sharer): `sum` holds this CTA's share and gets
+// the others added in CTA order (so every launch gives the same bits); store y and reset the tile's counter. CONS
+// consumer threads (ROWS = CONS / 2 weight rows per tile) hold [NT / 2 registers][CONS threads] floats each; shares
+// are read GROUP at a time (each group costs one L2 round trip).
+template <int NT, int GROUP, int CONS>
+__device__ __forceinline__ void settle_tile(float (&sum)[NT / 2], const float* __restrict__ ws,
+                                            int* __restrict__ counters, bf16_t* __restrict__ y, int c, int t, i64 T,
+                                            int C, int KB, int M, int N) {
+    constexpr int R = NT / 2, ROWS = CONS / 2;
+    const int tid = threadIdx.x;
+    const int c_hi = unit_owner((i64)t * KB + KB - 1, T, C);
+    float buf[GROUP][R];
+    for (int c0 = c + 1; c0 <= c_hi; c0 += GROUP) {
+#pragma unroll
+        for (int u = 0; u < GROUP; ++u) {
+            if (c0 + u > c_hi) break;
+            const float* q = ws + (i64)(c0 + u) * (ROWS * NT);
+#pragma unroll
+            for (int r = 0; r < R; ++r) buf[u][r] = __ldcg(q + r * CONS + tid);
+        }
+#pragma unroll
+        for (int u = 0; u < GROUP; ++u) {
+            if (c0 + u > c_hi) break;
+#pragma unroll
+            for (int r = 0; r < R; ++r) sum[r] += buf[u][r];
+        }
+    }
+    store_tile<NT>(sum, y, t * ROWS + 64 * (tid >> 7), M, N);
+    if (tid == 0) counters[t] = 0;  // ready for the next launch (graph replays included)
+}
