@@ -24,6 +24,8 @@ def main() -> None:
         r = ref.fp8_gemm(xq, sx, wq, sw).float()
         for rows in (64, 128):
             plan = kernels._plan(M, N, K, 0, cluster=1, rows=rows)
+            if not kernels.scratch_fits(plan, N, kernels._sm_count(0)):
+                continue  # fp8_gemm runs this one in token slices
             y = kernels._fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1, rows=rows).float()
             torch.cuda.synchronize()
             err = float((y - r).abs().max() / r.abs().max())

@@ -457,8 +457,6 @@ def _wgmma_fits(M: int, N: int, K: int, device_index: int, cluster: int | None, 
 
 def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wp: torch.Tensor, sw: torch.Tensor,
                     stages: int | None = None, cluster: int | None = None, rows: int | None = None) -> torch.Tensor:
-    from rtts.kernels import _jit
-
     M, K = xq.shape
     N = wp.shape[0] * _TILE_ROWS
     dev = _index(xq.device)
@@ -467,6 +465,17 @@ def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wp: torch.Tensor, sw: to
         plan = _plan(M, N, K, dev, stages, cluster, rows)
     except ValueError as e:
         raise ValueError(f"fp8_gemm: {e}") from None
+    return launch_wgmma(plan, xq, sx, wp, sw)
+
+
+def launch_wgmma(plan: WgmmaPlan, xq: torch.Tensor, sx: torch.Tensor, wp: torch.Tensor,
+                 sw: torch.Tensor) -> torch.Tensor:
+    """Run the wgmma GEMM with a given plan (the planner's, or one a probe builds: bench/probes)."""
+    from rtts.kernels import _jit
+
+    M, K = xq.shape
+    N = wp.shape[0] * _TILE_ROWS
+    dev = _index(xq.device)
     # The plan actually launched (a forced split or stage count included) must fit the scratch it writes.
     _check(scratch_fits(plan, N, _sm_count(dev)), f"fp8_gemm: {plan} for {M}x{N}x{K} exceeds the stream-K scratch")
     sk = _streamk(xq.device, _sm_count(dev))

@@ -1,0 +1,48 @@
+"""Time the 64-row GEMM (fp8_gemm_wgmma64) with plans the planner does not make: grids of one, 1.5 and two CTAs per
+SM, and every ring depth that fits two CTAs per SM, per S2-Pro shape and token count (same method as the kernel bench:
+a CUDA graph of calls with weights rotated past the L2). Usage: python bench/probes/gemm64_grid.py OUT_DIR"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from rtts import kernels
+from rtts.bench.kernels import S2_GEMMS, _calls, copies_for, time_graph
+from rtts.kernels import reference as ref
+
+
+def main() -> None:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+    kernels.warmup(torch.device("cuda"))
+    sms = kernels._sm_count(0)
+    res: dict[str, float] = {}
+    for name, N, K in S2_GEMMS:
+        R = copies_for(N * K)
+        ws = [ref.quantize_weight(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05)
+              for _ in range(min(R, 8))]
+        packed = [(kernels.pack_weight(q), s) for q, s in ws]
+        for M in (32, 64, 128):
+            xq, sx = kernels.quantize_1x128(torch.randn(M, K, device="cuda", dtype=torch.bfloat16))
+            base = kernels.wgmma64_plan(M, N, K, sms)
+            for grid in (sms, sms * 3 // 2, 2 * sms):
+                top = kernels.wgmma64_plan(M, N, K, grid).stages
+                for st in sorted({3, 4, 6, top} & set(range(2, top + 1))):
+                    plan = kernels.wgmma64_plan(M, N, K, grid, st)
+
+                    def call(i: int, plan: kernels.WgmmaPlan = plan) -> torch.Tensor:
+                        wp, sw = packed[i % len(packed)]
+                        return kernels.launch_wgmma(plan, xq, sx, wp, sw)
+
+                    us = 1e6 * time_graph(_calls(call, R))
+                    key = f"{name} M={M} grid={plan.grid} stages={plan.stages}"
+                    res[key] = us
+                    print(f"{key}: {us:.2f} us{'  (planner)' if plan == base else ''}", flush=True)
+    (out / "gemm64-grid.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
