@@ -122,6 +122,13 @@ _H_ROWS = 64
 _H_BYTES = _H_ROWS * 128
 _H_THREADS = 128 + 64
 _H_MAX_STAGES = 8
+# Layers long enough that one CTA per SM would stream at least this many iterations run two CTAs of their own per SM
+# (4 stages each) instead of leaving the second slot to the next GEMM: measured on the H200 (bench/probes/
+# gemm64_grid.py), gate|up at 64 tokens 21.3 -> 17.6 us (47 iterations per CTA at one per SM), w2 13.0 -> 12.5 (23),
+# while wqkv (15) and wo (10) were as fast or faster with one (the single consumer warpgroup, not the memory
+# system, limits a lone CTA's stream).
+_H_LONG_ITERS = 20
+_H_MAX_STAGES_DOUBLE = 4
 _H_INSTANCES = tuple(f"fp8_gemm_wgmma64<{nt}>" for nt in _H_NT)
 
 
@@ -253,16 +260,19 @@ def wgmma64_smem_bytes(nt: int, stages: int, iters: int) -> int:
 @functools.cache
 def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) -> WgmmaPlan:
     """The 64-row kernel's plan for 17-128 tokens: the smallest token tile of _H_NT holding M; global stream-K of
-    the T = N/64 * K/128 half-block iterations over min(T, sms) CTAs; as many ring stages (up to _H_MAX_STAGES) as fit
-    in half an SM's shared memory, so a second CTA (the next GEMM's, under PDL) is resident beside each."""
+    the T = N/64 * K/128 half-block iterations over min(T, sms) CTAs, so a second CTA (the next GEMM's, under PDL)
+    is resident beside each, or over 2 * sms CTAs for layers of _H_LONG_ITERS or more iterations per SM; as many ring
+    stages (up to _H_MAX_STAGES, or _H_MAX_STAGES_DOUBLE at two per SM) as fit in half an SM's shared memory."""
     if M > _H_NT[-1] or N % _H_ROWS or K % 128:
         raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K}")
     nt = next(n for n in _H_NT if n >= M)
     T = N // _H_ROWS * (K // 128)
-    grid = min(T, sms)
+    grid, most = min(T, sms), _H_MAX_STAGES
+    if T >= _H_LONG_ITERS * sms:
+        grid, most = 2 * sms, _H_MAX_STAGES_DOUBLE
     iters = -(-T // grid)
     room = _SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, 0, iters)
-    st = min(_H_MAX_STAGES, room // (_H_BYTES + nt * 132 + 16))
+    st = min(most, room // (_H_BYTES + nt * 132 + 16))
     if stages is not None:
         st = min(st, stages)
     st = max(1, st)
