@@ -396,15 +396,17 @@ def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Ten
 
 @functools.cache
 def _wgmma_step(N: int, K: int, device_index: int, cluster: int | None = None, rows: int | None = None) -> int:
-    """Tokens per wgmma launch beyond 64: 128 when that plan is one wave of CTAs, else 64 (a 128-token tile needs
-    twice the shared memory per K block, so wide K ranges push its grid past the SM count; measured on the H200 at
-    M = 128: gate|up 72 us as one two-wave 128-token launch vs 62 us as two 64-token launches, wqkv 26 vs 37)."""
+    """Tokens per wgmma launch beyond 64: 128 when that plan is one wave of CTAs, else 64. The 64-row kernel's plans
+    always are (at most two CTAs per SM, each within half an SM's shared memory). The 128-row kernel's 128-token tile
+    needs twice the shared memory per K block, so wide K ranges push its grid past the SM count (measured on the
+    H200 at M = 128: gate|up 72 us as one two-wave 128-token launch vs 62 us as two 64-token launches)."""
     sms = _sm_count(device_index)
     try:
         plan = _plan(128, N, K, device_index, cluster=cluster, rows=rows)
     except ValueError:
         return 64
-    return 128 if plan.grid <= sms and scratch_fits(plan, N, sms) else 64
+    one_wave = plan.grid <= (2 * sms if plan.rows == _H_ROWS else sms)
+    return 128 if one_wave and scratch_fits(plan, N, sms) else 64
 
 
 @functools.cache
