@@ -8,11 +8,11 @@
 // shares are 32 KB, which the settling CTA reads after its stream. Here:
 //   - an iteration is (64-row half tile h, 128-wide K block kb): half of a packed 16 KB block (rows 64 * (h % 2) of
 //     block [h / 2][kb]), 8 KB of weights, one m64nNTk32 wgmma chain;
-//   - each ring stage holds those 8 KB, the NT x 128 tokens of the same K block and their NT scales, all completing
-//     on one mbarrier. Weights are constants and are copied for the first `stages` iterations before
-//     griddepcontrol.wait; tokens and their scales (written by the kernel ahead) after it. Tokens are a tensor-map
-//     TMA load (kernels._token_map): the copy engine applies the 128-byte swizzle the wgmma descriptor reads and
-//     zero-fills the rows past M, so no thread touches them;
+//   - two rings: 8 KB weight stages, and token stages holding the NT x 128 tokens of an iteration's K block with
+//     their NT scales. Weights are constants and fill their ring before griddepcontrol.wait (the deeper that ring,
+//     the more of its stream the next GEMM prefetches while this one runs); tokens and their scales (written by the
+//     kernel ahead) come after it. Tokens are a tensor-map TMA load (kernels.launch_wgmma): the copy engine applies
+//     the 128-byte swizzle the wgmma descriptor reads and zero-fills the rows past M, so no thread touches them;
 //   - 192 threads (a consumer warpgroup, a producer warp, a publisher warp), at most 168 registers and ~100 KB of
 //     shared memory (host plan): two CTAs per SM, so under PDL the next GEMM becomes resident and prefills its ring
 //     while this one finishes;
@@ -45,14 +45,16 @@ __device__ __forceinline__ const fp8_t* half_block(const fp8_t* wp, int h, int k
     return wp + ((i64)(h >> 1) * KB + kb) * (2 * H_BYTES) + (h & 1) * H_BYTES;
 }
 
-// xmap: tensor map over x fp8 [M, K] (box 128 x NT, 128-byte swizzle, kernels._token_map). stages: ring stages.
+// xmap: tensor map over x fp8 [M, K] (box 128 x NT, 128-byte swizzle, kernels._token_map). Two rings: `stages`
+// weight stages (8 KB each) and `tstages` token stages (NT x 128 tokens and their NT scales), so the weights the next
+// GEMM prefetches while this one runs are not capped by token buffers that must stay empty until it may read them.
 template <int NT>
 __global__ void __launch_bounds__(H_THREADS, 2)
     fp8_gemm_wgmma64(const __grid_constant__ TensorMap xmap, const float* __restrict__ sx,
                      const fp8_t* __restrict__ wp, const float* __restrict__ sw, bf16_t* __restrict__ y,
-                     float* __restrict__ ws, int* __restrict__ counters, int M, int N, int K, int Mp, int stages) {
-    constexpr int B_BYTES = NT * 128;          // one K block of tokens
-    constexpr int STAGE = H_BYTES + B_BYTES;   // a multiple of 1 KB: every stage keeps the swizzle atoms aligned
+                     float* __restrict__ ws, int* __restrict__ counters, int M, int N, int K, int Mp, int stages,
+                     int tstages) {
+    constexpr int B_BYTES = NT * 128;          // one K block of tokens: a multiple of 1 KB (swizzle atoms stay aligned)
     constexpr int R = NT / 2;                  // accumulator registers per thread
     // Separate tensor-core accumulators per k32 step, summed in FP32 (see fp8_gemm_wgmma.cu): as many as 168
     // registers hold next to the FP32 total.
@@ -68,12 +70,13 @@ __global__ void __launch_bounds__(H_THREADS, 2)
     const int iters = (int)(unit_begin(c + 1, T, C) - it0);
     int first_tile, kb0;
     split_unit(it0, KB, first_tile, kb0);
-    // Layout: [stages][8 KB weights | NT x 128 tokens] | [stages][NT] token scales | [iters] weight scales | mbarriers
-    const unsigned ring = smem_u32(smem);
-    float* s_x = reinterpret_cast<float*>(smem + stages * STAGE);
-    float* s_w = s_x + stages * NT;  // iteration j's weight scale
-    const unsigned full0 = (smem_u32(s_w + iters) + 7u) & ~7u;
-    const unsigned empty0 = full0 + 8 * stages;  // mbarriers full[stages], empty[stages]
+    // Layout: [stages][8 KB weights] | [tstages][NT x 128 tokens] | [tstages][NT] token scales | [iters] weight
+    // scales | mbarriers full_w[stages], empty_w[stages], full_t[tstages], empty_t[tstages]
+    const unsigned wring = smem_u32(smem), tring = wring + stages * H_BYTES;
+    float* s_x = reinterpret_cast<float*>(smem + stages * H_BYTES + tstages * B_BYTES);
+    float* s_w = s_x + tstages * NT;  // iteration j's weight scale
+    const unsigned full_w = (smem_u32(s_w + iters) + 7u) & ~7u, empty_w = full_w + 8 * stages;
+    const unsigned full_t = empty_w + 8 * stages, empty_t = full_t + 8 * tstages;
 
     pdl_launch_dependents();
     // A first tile shared with earlier CTAs and finished before this CTA's range ends is published mid-range.
@@ -88,44 +91,65 @@ __global__ void __launch_bounds__(H_THREADS, 2)
     if (tid >= H_CONSUMERS) {  // ---- producer warp: one thread streams weights, tokens and token scales
         if (tid == H_CONSUMERS) {
             for (int s = 0; s < stages; ++s) {
-                mbar_init(full0 + 8 * s, 1);                  // the producer's arrive (plus the copies' bytes)
-                mbar_init(empty0 + 8 * s, H_CONSUMERS / 32);  // one arrive per consumer warp
+                mbar_init(full_w + 8 * s, 1);                  // the producer's arrive (plus the copy's bytes)
+                mbar_init(empty_w + 8 * s, H_CONSUMERS / 32);  // one arrive per consumer warp
+            }
+            for (int s = 0; s < tstages; ++s) {
+                mbar_init(full_t + 8 * s, 1);
+                mbar_init(empty_t + 8 * s, H_CONSUMERS / 32);
             }
             fence_proxy_async();  // the inits are visible to the TMA engine (async proxy)
         }
         __syncwarp();
         named_barrier_arrive(H_BAR_READY, H_CONSUMERS + 32);
         if (tid == H_CONSUMERS) {
-            const unsigned bytes = STAGE + 4u * Mp;
-            const int pre = min(stages, iters);
-            int h = first_tile, kb = kb0;
-            for (int j = 0; j < pre; ++j) {  // the weights the ring holds: constants, before the wait
-                mbar_arrive_expect_tx(full0 + 8 * j, bytes);
-                bulk_copy_g2s(ring + j * STAGE, half_block(wp, h, kb, KB), H_BYTES, full0 + 8 * j);
-                if (++kb == KB) {
-                    kb = 0;
-                    ++h;
+            const unsigned t_bytes = B_BYTES + 4u * Mp;
+            // Iteration u's weights go to stage u % stages, its tokens to u % tstages. The weights the ring holds
+            // are constants: copied before the wait. Then, each time the consumers are done with iteration i, the
+            // stages it used take iteration i + tstages's tokens and i + stages's weights.
+            const int wpre = min(stages, iters), tpre = min(tstages, iters);
+            int wh = first_tile, wk = kb0;  // (half tile, K block) of the next weight copy
+            for (int u = 0; u < wpre; ++u) {
+                mbar_arrive_expect_tx(full_w + 8 * u, H_BYTES);
+                bulk_copy_g2s(wring + u * H_BYTES, half_block(wp, wh, wk, KB), H_BYTES, full_w + 8 * u);
+                if (++wk == KB) {
+                    wk = 0;
+                    ++wh;
                 }
             }
             pdl_wait();  // tokens and their scales were written by the kernel ahead
-            h = first_tile;
-            kb = kb0;
-            for (int j = 0, s = 0, phase = 0; j < iters; ++j) {  // stage s = j % stages, phase = j / stages & 1
-                const unsigned full = full0 + 8 * s, dst = ring + s * STAGE;
-                if (j >= pre) {
-                    mbar_wait(empty0 + 8 * s, phase ^ 1);  // every consumer warp released it
-                    mbar_arrive_expect_tx(full, bytes);
-                    bulk_copy_g2s(dst, half_block(wp, h, kb, KB), H_BYTES, full);
+            int tk = kb0;  // K block of the next token copy
+            for (int u = 0; u < tpre; ++u) {
+                mbar_arrive_expect_tx(full_t + 8 * u, t_bytes);
+                tma_load_2d(tring + u * B_BYTES, &xmap, tk * 128, 0, full_t + 8 * u);
+                bulk_copy_g2s(smem_u32(s_x + u * NT), sx + (i64)tk * Mp, 4u * Mp, full_t + 8 * u);
+                if (++tk == KB) tk = 0;
+            }
+            // i: the iteration whose release is awaited; (ts, tph) / (ws, wph): its token / weight stage and phase.
+            for (int i = 0, ts = 0, tph = 0, wsg = 0, wph = 0; i + tstages < iters || i + stages < iters; ++i) {
+                if (i + tstages < iters) {
+                    mbar_wait(empty_t + 8 * ts, tph);
+                    mbar_arrive_expect_tx(full_t + 8 * ts, t_bytes);
+                    tma_load_2d(tring + ts * B_BYTES, &xmap, tk * 128, 0, full_t + 8 * ts);
+                    bulk_copy_g2s(smem_u32(s_x + ts * NT), sx + (i64)tk * Mp, 4u * Mp, full_t + 8 * ts);
+                    if (++tk == KB) tk = 0;
                 }
-                tma_load_2d(dst + H_BYTES, &xmap, kb * 128, 0, full);
-                bulk_copy_g2s(smem_u32(s_x + s * NT), sx + (i64)kb * Mp, 4u * Mp, full);
-                if (++kb == KB) {
-                    kb = 0;
-                    ++h;
+                if (i + stages < iters) {
+                    mbar_wait(empty_w + 8 * wsg, wph);
+                    mbar_arrive_expect_tx(full_w + 8 * wsg, H_BYTES);
+                    bulk_copy_g2s(wring + wsg * H_BYTES, half_block(wp, wh, wk, KB), H_BYTES, full_w + 8 * wsg);
+                    if (++wk == KB) {
+                        wk = 0;
+                        ++wh;
+                    }
                 }
-                if (++s == stages) {
-                    s = 0;
-                    phase ^= 1;
+                if (++ts == tstages) {
+                    ts = 0;
+                    tph ^= 1;
+                }
+                if (++wsg == stages) {
+                    wsg = 0;
+                    wph ^= 1;
                 }
             }
         }
@@ -153,9 +177,11 @@ __global__ void __launch_bounds__(H_THREADS, 2)
 
     int tile = first_tile, kb = kb0, settle = -1;
     bool whole = kb == 0;  // the segment being accumulated started at the tile's first K block
-    for (int j = 0, s = 0, phase = 0; j < iters; ++j) {  // stage s = j % stages, phase = j / stages & 1
-        mbar_wait(full0 + 8 * s, phase);
-        const unsigned a = ring + s * STAGE, b = a + H_BYTES;
+    // weight stage s = j % stages (phase j / stages & 1), token stage t = j % tstages (phase j / tstages & 1)
+    for (int j = 0, s = 0, phase = 0, t = 0, tphase = 0; j < iters; ++j) {
+        mbar_wait(full_t + 8 * t, tphase);
+        mbar_wait(full_w + 8 * s, phase);
+        const unsigned a = wring + s * H_BYTES, b = tring + t * B_BYTES;
         wgmma_fence();
 #pragma unroll
         for (int k = 0; k < 4; ++k)
@@ -166,7 +192,7 @@ __global__ void __launch_bounds__(H_THREADS, 2)
         for (int q = 0; q < ACCS; ++q) fence_regs(acc[q]);
 
         // Promote in FP32: total += acc * sw * sx (per 128-K block, so FP8 rounding never accumulates across blocks).
-        const float swv = s_w[j], *sxb = s_x + s * NT;
+        const float swv = s_w[j], *sxb = s_x + t * NT;
 #pragma unroll
         for (int i = 0; i < NT / 8; ++i) {
             const int col = 8 * i + 2 * (lane & 3);
@@ -179,8 +205,11 @@ __global__ void __launch_bounds__(H_THREADS, 2)
                 total[4 * i + e] += v * ((e & 1) ? s1 : s0);
             }
         }
-        __syncwarp();                                // every lane has read the stage's token scales
-        if (lane == 0) mbar_arrive(empty0 + 8 * s);  // this warp is done with the stage
+        __syncwarp();  // every lane has read the token scales
+        if (lane == 0) {  // this warp is done with both stages
+            mbar_arrive(empty_w + 8 * s);
+            mbar_arrive(empty_t + 8 * t);
+        }
 
         if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`
             if (whole && kb == KB - 1) {
@@ -212,6 +241,10 @@ __global__ void __launch_bounds__(H_THREADS, 2)
         if (++s == stages) {
             s = 0;
             phase ^= 1;
+        }
+        if (++t == tstages) {
+            t = 0;
+            tphase ^= 1;
         }
     }
     if (settle >= 0) {

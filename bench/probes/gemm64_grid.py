@@ -1,6 +1,6 @@
 """Time the 64-row GEMM (fp8_gemm_wgmma64) with plans the planner does not make: grids of one, 1.5 and two CTAs per
 SM, and every ring depth that fits two CTAs per SM, per S2-Pro shape and token count (same method as the kernel bench:
-a CUDA graph of calls with weights rotated past the L2). Usage: python bench/probes/gemm64_grid.py OUT_DIR"""
+a CUDA graph of calls with weights rotated past the L2). Usage: python bench/probes/gemm64_grid.py OUT_DIR [layer names]"""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def main() -> None:
     kernels.warmup(torch.device("cuda"))
     sms = kernels._sm_count(0)
     res: dict[str, float] = {}
-    for name, N, K in S2_GEMMS:
+    for name, N, K in [g for g in S2_GEMMS if g[0] in sys.argv[2:]] or S2_GEMMS:
         R = copies_for(N * K)
         ws = [ref.quantize_weight(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05)
               for _ in range(min(R, 8))]
@@ -30,7 +30,7 @@ def main() -> None:
             base = kernels.wgmma64_plan(M, N, K, sms)
             for grid in (sms, sms * 3 // 2, 2 * sms):
                 top = kernels.wgmma64_plan(M, N, K, grid).stages
-                for st in sorted({3, 4, 6, top} & set(range(2, top + 1))):
+                for st in sorted({3, 4, 6, 9, top} & set(range(2, top + 1))):
                     plan = kernels.wgmma64_plan(M, N, K, grid, st)
 
                     def call(i: int, plan: kernels.WgmmaPlan = plan) -> torch.Tensor:

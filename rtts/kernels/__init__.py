@@ -121,7 +121,8 @@ _H_NT = (32, 64, 128)
 _H_ROWS = 64
 _H_BYTES = _H_ROWS * 128
 _H_THREADS = 128 + 64
-_H_MAX_STAGES = 8
+_H_MAX_STAGES = 12  # weight stages: with one CTA per SM, the next GEMM prefetches this many (8 KB each)
+_H_TOKEN_STAGES = 4  # token stages (3 at 128 tokens, 16 KB each): tokens come from L2, a short round trip
 # Layers long enough that one CTA per SM would stream at least this many iterations run two CTAs of their own per SM
 # (4 stages each) instead of leaving the second slot to the next GEMM: measured on the H200 (bench/probes/
 # gemm64_grid.py), gate|up at 64 tokens 21.3 -> 17.6 us (47 iterations per CTA at one per SM), w2 13.0 -> 12.5 (23),
@@ -143,6 +144,7 @@ class WgmmaPlan(NamedTuple):
     cluster: int  # CTAs per cluster (1: none)
     iters: int  # the most iterations (weight blocks of `rows` x 128) any CTA streams
     rows: int = _TILE_ROWS  # weight rows per tile: 128 (fp8_gemm_wgmma) or 64 (fp8_gemm_wgmma64, global stream-K)
+    tstages: int = 0  # 64 rows: token stages (`stages` counts its 8 KB weight stages)
 
 
 def _wgmma_instance(nt: int, cluster: bool) -> str:
@@ -251,18 +253,19 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
     return best
 
 
-def wgmma64_smem_bytes(nt: int, stages: int, iters: int) -> int:
-    """Dynamic shared memory of one 64-row CTA: `stages` ring stages (8 KB of weights, NT x 128 tokens, NT token
-    scales), the weight scales of its `iters` iterations, two mbarriers per stage, 1 KB of alignment slack."""
-    return 1024 + stages * (_H_BYTES + nt * 128 + nt * 4) + 4 * iters + 16 * stages + 8
+def wgmma64_smem_bytes(nt: int, stages: int, tstages: int, iters: int) -> int:
+    """Dynamic shared memory of one 64-row CTA: `stages` 8 KB weight stages, `tstages` token stages (NT x 128 tokens
+    and NT scales), the weight scales of its `iters` iterations, two mbarriers per stage, 1 KB of alignment slack."""
+    return 1024 + stages * (_H_BYTES + 16) + tstages * (nt * 132 + 16) + 4 * iters + 8
 
 
 @functools.cache
 def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) -> WgmmaPlan:
     """The 64-row kernel's plan for 17-128 tokens: the smallest token tile of _H_NT holding M; global stream-K of
     the T = N/64 * K/128 half-block iterations over min(T, sms) CTAs, so a second CTA (the next GEMM's, under PDL)
-    is resident beside each, or over 2 * sms CTAs for layers of _H_LONG_ITERS or more iterations per SM; as many ring
-    stages (up to _H_MAX_STAGES, or _H_MAX_STAGES_DOUBLE at two per SM) as fit in half an SM's shared memory."""
+    is resident beside each, or over 2 * sms CTAs for layers of _H_LONG_ITERS or more iterations per SM; token stages
+    _H_TOKEN_STAGES (3 at 128 tokens) and as many weight stages (up to _H_MAX_STAGES, or _H_MAX_STAGES_DOUBLE at two
+    per SM) as fit in half an SM's shared memory; `stages` lowers the weight stages."""
     if M > _H_NT[-1] or N % _H_ROWS or K % 128:
         raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K}")
     nt = next(n for n in _H_NT if n >= M)
@@ -271,12 +274,13 @@ def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) ->
     if T >= _H_LONG_ITERS * sms:
         grid, most = 2 * sms, _H_MAX_STAGES_DOUBLE
     iters = -(-T // grid)
-    room = _SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, 0, iters)
-    st = min(most, room // (_H_BYTES + nt * 132 + 16))
+    ts = _H_TOKEN_STAGES if nt <= 64 else _H_TOKEN_STAGES - 1
+    room = _SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, 0, ts, iters)
+    st = min(most, room // (_H_BYTES + 16))
     if stages is not None:
         st = min(st, stages)
     st = max(1, st)
-    return WgmmaPlan(nt, st, grid, wgmma64_smem_bytes(nt, st, iters), 1, iters, _H_ROWS)
+    return WgmmaPlan(nt, st, grid, wgmma64_smem_bytes(nt, st, ts, iters), 1, iters, _H_ROWS, ts)
 
 
 @dataclasses.dataclass
@@ -500,7 +504,8 @@ def launch_wgmma(plan: WgmmaPlan, xq: torch.Tensor, sx: torch.Tensor, wp: torch.
         fn = _jit.function("fp8_gemm_wgmma64.cu", f"fp8_gemm_wgmma64<{plan.nt}>", _H_INSTANCES)
         _jit.set_dynamic_smem(fn, plan.smem)
         xmap = _jit.tensor_map_2d(xq.data_ptr(), M, K, plan.nt, 128)
-        _jit.launch(fn, (plan.grid,), (_H_THREADS,), (xmap, sx.data_ptr(), *tail), shared_mem=plan.smem, pdl=True)
+        _jit.launch(fn, (plan.grid,), (_H_THREADS,), (xmap, sx.data_ptr(), *tail, _i32(plan.tstages)),
+                    shared_mem=plan.smem, pdl=True)
         return y
     fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(plan.nt, plan.cluster > 1), _WGMMA_INSTANCES)
     _jit.set_dynamic_smem(fn, plan.smem)
