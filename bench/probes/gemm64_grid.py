@@ -1,6 +1,7 @@
 """Time the 64-row GEMM (fp8_gemm_wgmma64) with plans the planner does not make: grids of one, 1.5 and two CTAs per
 SM, and every ring depth that fits two CTAs per SM, per S2-Pro shape and token count (same method as the kernel bench:
-a CUDA graph of calls with weights rotated past the L2). Usage: python bench/probes/gemm64_grid.py OUT_DIR [layer names]"""
+a CUDA graph of calls with weights rotated past the L2).
+Usage: python bench/probes/gemm64_grid.py OUT_DIR [layer names]"""
 
 from __future__ import annotations
 
