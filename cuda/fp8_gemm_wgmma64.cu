@@ -9,13 +9,14 @@
 //   - an iteration is (64-row half tile h, 128-wide K block kb): half of a packed 16 KB block (rows 64 * (h % 2) of
 //     block [h / 2][kb]), 8 KB of weights, one m64nNTk32 wgmma chain;
 //   - two rings: 8 KB weight stages, and token stages holding the NT x 128 tokens of an iteration's K block with
-//     their NT scales. Weights are constants and fill their ring before griddepcontrol.wait (the deeper that ring,
-//     the more of its stream the next GEMM prefetches while this one runs); tokens and their scales (written by the
-//     kernel ahead) come after it. Tokens are a tensor-map TMA load (kernels.launch_wgmma): the copy engine applies
+//     their NT scales. Weights are constants and fill their ring before griddepcontrol.wait; tokens and their
+//     scales (written by the kernel ahead) come after it. (Separate rings let the host size them apart; measured,
+//     deeper weight rings than four stages were no faster.) Tokens are a tensor-map TMA load (kernels.launch_wgmma): the copy engine applies
 //     the 128-byte swizzle the wgmma descriptor reads and zero-fills the rows past M, so no thread touches them;
-//   - 192 threads (a consumer warpgroup, a producer warp, a publisher warp), at most 168 registers and ~100 KB of
-//     shared memory (host plan): two CTAs per SM, so under PDL the next GEMM becomes resident and prefills its ring
-//     while this one finishes;
+//   - 192 threads (a consumer warpgroup, a producer warp, a publisher warp), at most 168 registers and under half an
+//     SM's shared memory (host plan): two CTAs per SM. Short layers run one CTA per SM, so under PDL the next GEMM
+//     becomes resident and fills its weight ring while this one finishes; long ones (gate|up, w2) two of their own
+//     (kernels.wgmma64_plan: the one consumer warpgroup, not the ring, bounds a lone CTA's stream);
 //   - a split tile's shares are 64 x NT floats (16 KB at 64 tokens).
 // Stream-K split, settlement, determinism and the deadlock argument are those of fp8_gemm_wgmma.cu (streamk.cuh),
 // over T = N/64 * K/128 iterations.
@@ -45,9 +46,8 @@ __device__ __forceinline__ const fp8_t* half_block(const fp8_t* wp, int h, int k
     return wp + ((i64)(h >> 1) * KB + kb) * (2 * H_BYTES) + (h & 1) * H_BYTES;
 }
 
-// xmap: tensor map over x fp8 [M, K] (box 128 x NT, 128-byte swizzle, kernels._token_map). Two rings: `stages`
-// weight stages (8 KB each) and `tstages` token stages (NT x 128 tokens and their NT scales), so the weights the next
-// GEMM prefetches while this one runs are not capped by token buffers that must stay empty until it may read them.
+// xmap: tensor map over x fp8 [M, K] (box 128 x NT rows, 128-byte swizzle, kernels.launch_wgmma). Two rings:
+// `stages` weight stages (8 KB each) and `tstages` token stages (NT x 128 tokens and their NT scales).
 template <int NT>
 __global__ void __launch_bounds__(H_THREADS, 2)
     fp8_gemm_wgmma64(const __grid_constant__ TensorMap xmap, const float* __restrict__ sx,

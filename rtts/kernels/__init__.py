@@ -121,15 +121,17 @@ _H_NT = (32, 64, 128)
 _H_ROWS = 64
 _H_BYTES = _H_ROWS * 128
 _H_THREADS = 128 + 64
-_H_MAX_STAGES = 12  # weight stages: with one CTA per SM, the next GEMM prefetches this many (8 KB each)
+# Weight stages (8 KB each). Measured on the H200 (bench/probes/gemm64_grid.py, session 5): deeper rings, which let
+# the next GEMM prefetch more of its stream while this one runs, were no faster (wo 64 tokens: 3/4/6/9 stages
+# 8.5/8.4/8.6/9.0 us); with two CTAs per SM 3-4 were best too.
+_H_MAX_STAGES = 4
 _H_TOKEN_STAGES = 4  # token stages (3 at 128 tokens, 16 KB each): tokens come from L2, a short round trip
 # Layers long enough that one CTA per SM would stream at least this many iterations run two CTAs of their own per SM
 # (4 stages each) instead of leaving the second slot to the next GEMM: measured on the H200 (bench/probes/
 # gemm64_grid.py), gate|up at 64 tokens 21.3 -> 17.6 us (47 iterations per CTA at one per SM), w2 13.0 -> 12.5 (23),
-# while wqkv (15) and wo (10) were as fast or faster with one (the single consumer warpgroup, not the memory
-# system, limits a lone CTA's stream).
+# while wqkv (15) and wo (10) were as fast or faster with one. A lone CTA's single consumer warpgroup, not its ring
+# depth, seems to bound its stream (more stages did not help; a second CTA of the same GEMM did).
 _H_LONG_ITERS = 20
-_H_MAX_STAGES_DOUBLE = 4
 _H_INSTANCES = tuple(f"fp8_gemm_wgmma64<{nt}>" for nt in _H_NT)
 
 
@@ -264,19 +266,17 @@ def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) ->
     """The 64-row kernel's plan for 17-128 tokens: the smallest token tile of _H_NT holding M; global stream-K of
     the T = N/64 * K/128 half-block iterations over min(T, sms) CTAs, so a second CTA (the next GEMM's, under PDL)
     is resident beside each, or over 2 * sms CTAs for layers of _H_LONG_ITERS or more iterations per SM; token stages
-    _H_TOKEN_STAGES (3 at 128 tokens) and as many weight stages (up to _H_MAX_STAGES, or _H_MAX_STAGES_DOUBLE at two
-    per SM) as fit in half an SM's shared memory; `stages` lowers the weight stages."""
+    _H_TOKEN_STAGES (3 at 128 tokens) and up to _H_MAX_STAGES weight stages, within half an SM's shared memory;
+    `stages` lowers the weight stages."""
     if M > _H_NT[-1] or N % _H_ROWS or K % 128:
         raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K}")
     nt = next(n for n in _H_NT if n >= M)
     T = N // _H_ROWS * (K // 128)
-    grid, most = min(T, sms), _H_MAX_STAGES
-    if T >= _H_LONG_ITERS * sms:
-        grid, most = 2 * sms, _H_MAX_STAGES_DOUBLE
+    grid = 2 * sms if T >= _H_LONG_ITERS * sms else min(T, sms)
     iters = -(-T // grid)
     ts = _H_TOKEN_STAGES if nt <= 64 else _H_TOKEN_STAGES - 1
     room = _SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, 0, ts, iters)
-    st = min(most, room // (_H_BYTES + 16))
+    st = min(_H_MAX_STAGES, room // (_H_BYTES + 16))
     if stages is not None:
         st = min(st, stages)
     st = max(1, st)
