@@ -23,6 +23,11 @@ __device__ __forceinline__ void quantize_block(const float v[4], int lane, fp8_t
     if (lane == 0) *scale_out = scale;
 }
 
+// The warp of the last row writes the scales of the padding rows M..Mp of its K block (column kb of `scale_kb`).
+__device__ __forceinline__ void zero_scale_padding(float* __restrict__ scale_kb, int m, int M, int Mp, int lane) {
+    if (m == M - 1 && lane >= 1 && lane < Mp - m) scale_kb[m + lane] = 0.f;
+}
+
 // x bf16 [M, K] (row stride ldx) -> q fp8 [M, K], scale fp32 [K/128, Mp]
 extern "C" __global__ void quantize_1x128(const bf16_t* __restrict__ x, int ldx, fp8_t* __restrict__ q,
                                           float* __restrict__ scale, int M, int K, int Mp) {
@@ -37,7 +42,7 @@ extern "C" __global__ void quantize_1x128(const bf16_t* __restrict__ x, int ldx,
     float v[4] = {bf16_to_float(raw.x & 0xffff), bf16_to_float(raw.x >> 16),
                   bf16_to_float(raw.y & 0xffff), bf16_to_float(raw.y >> 16)};
     quantize_block(v, lane, q + (i64)m * K + kb * 128, scale + (i64)kb * Mp + m);
-    if (m == M - 1 && lane >= 1 && lane < Mp - m) scale[(i64)kb * Mp + m + lane] = 0.f;  // padding rows (M..Mp)
+    zero_scale_padding(scale + (i64)kb * Mp, m, M, Mp, lane);
 }
 
 // gate_up bf16 [M, 2I] = [gate | up] -> h = silu(gate) * up -> q fp8 [M, I], scale fp32 [I/128, Mp]
@@ -61,5 +66,5 @@ extern "C" __global__ void swiglu_quantize_1x128(const bf16_t* __restrict__ gu, 
         v[i] = g / (1.0f + __expf(-g)) * u;
     }
     quantize_block(v, lane, q + (i64)m * I + kb * 128, scale + (i64)kb * Mp + m);
-    if (m == M - 1 && lane >= 1 && lane < Mp - m) scale[(i64)kb * Mp + m + lane] = 0.f;  // padding rows (M..Mp)
+    zero_scale_padding(scale + (i64)kb * Mp, m, M, Mp, lane);
 }
