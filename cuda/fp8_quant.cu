@@ -23,7 +23,7 @@ __device__ __forceinline__ void quantize_block(const float v[4], int lane, fp8_t
     if (lane == 0) *scale_out = scale;
 }
 
-// The warp of the last row writes the scales of the padding rows M..Mp of its K block (column kb of `scale_kb`).
+// The warp of the last row writes the scales of the padding rows M..Mp of its K block (`scale_kb`: that block's Mp).
 __device__ __forceinline__ void zero_scale_padding(float* __restrict__ scale_kb, int m, int M, int Mp, int lane) {
     if (m == M - 1 && lane >= 1 && lane < Mp - m) scale_kb[m + lane] = 0.f;
 }
