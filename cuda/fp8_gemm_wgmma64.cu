@@ -1,6 +1,6 @@
 // Block-scaled FP8 GEMM for decode batches of 17-128 tokens on Hopper (wgmma), y[M, N] = x[M, K] @ w[N, K]^T, with
 // the operands of fp8_gemm_wgmma.cu (packed weights, 1x128 token scales sx[K/128, Mp], 128x128 weight scales), but
-// 64-row tiles, one consumer warpgroup and the tokens streamed through the ring next to the weights.
+// 64-row tiles, one consumer warpgroup and the tokens streamed through a ring of their own next to the weights'.
 //
 // Why a second kernel: at 32-128 tokens the 128-row kernel needs two consumer warpgroups of 140+ registers and stages
 // every token block it uses up front (up to 128 KB), so one of its CTAs fills an SM. The next GEMM then cannot become
@@ -10,9 +10,9 @@
 //     block [h / 2][kb]), 8 KB of weights, one m64nNTk32 wgmma chain;
 //   - two rings: 8 KB weight stages, and token stages holding the NT x 128 tokens of an iteration's K block with
 //     their NT scales. Weights are constants and fill their ring before griddepcontrol.wait; tokens and their
-//     scales (written by the kernel ahead) come after it. (Separate rings let the host size them apart; measured,
-//     deeper weight rings than four stages were no faster.) Tokens are a tensor-map TMA load (kernels.launch_wgmma): the copy engine applies
-//     the 128-byte swizzle the wgmma descriptor reads and zero-fills the rows past M, so no thread touches them;
+//     scales (written by the kernel ahead) come after it (separate rings let the host size them apart; measured,
+//     weight rings deeper than four stages were no faster). Tokens are a tensor-map TMA load (kernels.launch_wgmma):
+//     the copy engine applies the 128-byte swizzle the wgmma descriptor reads and zero-fills the rows past M;
 //   - 192 threads (a consumer warpgroup, a producer warp, a publisher warp), at most 168 registers and under half an
 //     SM's shared memory (host plan): two CTAs per SM. Short layers run one CTA per SM, so under PDL the next GEMM
 //     becomes resident and fills its weight ring while this one finishes; long ones (gate|up, w2) two of their own
