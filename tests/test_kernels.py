@@ -189,7 +189,8 @@ def test_wgmma64_plan_fits_two_ctas_per_sm() -> None:
             p = kernels.wgmma64_plan(M, N, K, sms=132)
             T = N // 64 * (K // 128)
             assert p.rows == 64 and p.cluster == 1 and p.nt in (32, 64, 128) and p.nt >= M > p.nt // 2
-            assert p.grid == (264 if T >= 20 * 132 else min(T, 132)) and p.iters == math.ceil(T / p.grid)
+            assert p.grid == (264 if T >= 20 * 132 else 198 if T >= 12 * 132 else min(T, 132))
+            assert p.iters == math.ceil(T / p.grid)
             assert p.stages == 4 and p.tstages in (3, 4)
             assert p.smem == kernels.wgmma64_smem_bytes(p.nt, p.stages, p.tstages, p.iters)
             assert 2 * (p.smem + 1024 + 64) <= 228 * 1024

@@ -126,12 +126,14 @@ _H_THREADS = 128 + 64
 # 8.5/8.4/8.6/9.0 us); with two CTAs per SM 3-4 were best too.
 _H_MAX_STAGES = 4
 _H_TOKEN_STAGES = 4  # token stages (3 at 128 tokens, 16 KB each): tokens come from L2, a short round trip
-# Layers long enough that one CTA per SM would stream at least this many iterations run two CTAs of their own per SM
-# (4 stages each) instead of leaving the second slot to the next GEMM: measured on the H200 (bench/probes/
-# gemm64_grid.py), gate|up at 64 tokens 21.3 -> 17.6 us (47 iterations per CTA at one per SM), w2 13.0 -> 12.5 (23),
-# while wqkv (15) and wo (10) were as fast or faster with one. A lone CTA's single consumer warpgroup, not its ring
-# depth, seems to bound its stream (more stages did not help; a second CTA of the same GEMM did).
+# CTAs per SM by layer length (iterations one CTA per SM would stream): at _H_LONG_ITERS or more, two of the layer's
+# own per SM; from _H_MID_ITERS, one or two (1.5 on average); below, one, leaving the second slot to the next GEMM.
+# Measured on the H200 (bench/probes/gemm64_grid.py, session 5): gate|up at 64 tokens (47 iterations at one per SM)
+# 21.3 -> 17.6 us at two per SM, w2 (23) 13.0 -> 12.5; wqkv (15) 9.8 -> 9.4 at 1.5 (32 tokens 8.7 -> 7.9), 9.8 at
+# two; wo (10) 8.4 at one, 8.9 at 1.5, 9.8 at two. A lone CTA's single consumer warpgroup, not its ring depth, seems
+# to bound its stream (more stages did not help; a second CTA of the same GEMM did).
 _H_LONG_ITERS = 20
+_H_MID_ITERS = 12
 _H_INSTANCES = tuple(f"fp8_gemm_wgmma64<{nt}>" for nt in _H_NT)
 
 
@@ -265,14 +267,15 @@ def wgmma64_smem_bytes(nt: int, stages: int, tstages: int, iters: int) -> int:
 def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) -> WgmmaPlan:
     """The 64-row kernel's plan for 17-128 tokens: the smallest token tile of _H_NT holding M; global stream-K of
     the T = N/64 * K/128 half-block iterations over min(T, sms) CTAs, so a second CTA (the next GEMM's, under PDL)
-    is resident beside each, or over 2 * sms CTAs for layers of _H_LONG_ITERS or more iterations per SM; token stages
-    _H_TOKEN_STAGES (3 at 128 tokens) and up to _H_MAX_STAGES weight stages, within half an SM's shared memory;
-    `stages` lowers the weight stages."""
+    is resident beside each, or 1.5 / 2 per SM for layers of _H_MID_ITERS / _H_LONG_ITERS or more iterations per
+    SM; _H_TOKEN_STAGES token stages (3 at 128 tokens) and up to _H_MAX_STAGES weight stages, within half an SM's
+    shared memory; `stages` lowers the weight stages."""
     if M > _H_NT[-1] or N % _H_ROWS or K % 128:
         raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K}")
     nt = next(n for n in _H_NT if n >= M)
     T = N // _H_ROWS * (K // 128)
-    grid = 2 * sms if T >= _H_LONG_ITERS * sms else min(T, sms)
+    per_sm = 2.0 if T >= _H_LONG_ITERS * sms else 1.5 if T >= _H_MID_ITERS * sms else 1.0
+    grid = min(T, int(per_sm * sms))
     iters = -(-T // grid)
     ts = _H_TOKEN_STAGES if nt <= 64 else _H_TOKEN_STAGES - 1
     room = _SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, 0, ts, iters)
