@@ -59,9 +59,6 @@ __global__ void __launch_bounds__(H_THREADS, 2)
     // Separate tensor-core accumulators per k32 step, summed in FP32 (see fp8_gemm_wgmma.cu): as many as 168
     // registers hold next to the FP32 total.
     constexpr int ACCS = NT <= 32 ? 4 : (NT == 64 ? 2 : 1);
-    // Shares a settling CTA reads per L2 round trip (up to 6 at 64 tokens: w2's tiles are split over ~7 CTAs): the
-    // loop's accumulators are dead by then; more than these spill (nvcc sm_90a at 168 registers).
-    constexpr int SETTLE_GROUP = NT <= 32 ? 8 : (NT == 64 ? 3 : 1);
     extern __shared__ unsigned char smem_raw[];
     const unsigned raw = smem_u32(smem_raw);
     unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
@@ -258,6 +255,6 @@ __global__ void __launch_bounds__(H_THREADS, 2)
             while (load_acquire(&counters[settle]) < want) {
             }
         named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);  // the acquire above orders every thread's reads below
-        settle_tile<NT, SETTLE_GROUP, H_CONSUMERS>(total, ws, counters, y, c, settle, T, C, KB, M, N);
+        settle_tile<NT, ACCS, H_CONSUMERS>(total, ws, counters, y, c, settle, T, C, KB, M, N);
     }
 }
