@@ -46,59 +46,6 @@ __device__ __forceinline__ const fp8_t* half_block(const fp8_t* wp, int h, int k
     return wp + ((i64)(h >> 1) * KB + kb) * (2 * H_BYTES) + (h & 1) * H_BYTES;
 }
 
-// Spread settlement of split tile t (host-chosen, `spread`): each of its S sharers parked its share (slot 2c for a
-// CTA's first tile, 2c + 1 for its last) and counted it in during its loop; after its loop each waits for all S,
-// then sums its slice of the tile (accumulator registers [i R / S, (i + 1) R / S) for the i-th sharer) from every
-// share in CTA order (the bits of the classic settlement), 8 shares x RB registers per L2 round trip, and writes
-// that slice of y. A second count (S more) tells the last sharer done reading to reset the counter for the next
-// launch. Deadlock-free like the classic spin: shares are parked and counted before any CTA waits, and a CTA only
-// waits after its whole stream.
-template <int NT>
-__device__ __forceinline__ void spread_settle(const float* __restrict__ ws, int* __restrict__ counters,
-                                              bf16_t* __restrict__ y, int c, int t, i64 T, int C, int KB, int M,
-                                              int N) {
-    constexpr int R = NT / 2, F = H_ROWS * NT;  // floats per share
-    constexpr int RB = NT <= 64 ? 4 : 2;         // registers summed per round trip (4 at 128 tokens: 168 registers)
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int c_lo = unit_owner((i64)t * KB, T, C), c_hi = unit_owner((i64)t * KB + KB - 1, T, C);
-    const int S = c_hi - c_lo + 1, i = c - c_lo;
-    // The first sharer holds t as its last tile unless its range starts at t's first block.
-    const int lo_slot = 2 * c_lo + (unit_begin(c_lo, T, C) == (i64)t * KB ? 0 : 1);
-    if (tid == 0)
-        while (load_acquire(&counters[t]) < S) {
-        }
-    named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);  // the acquire above orders every thread's reads below
-    const int r0 = i * R / S, r1 = (i + 1) * R / S;
-    for (int rb = r0; rb < r1; rb += RB) {
-        float sum[RB];
-#pragma unroll
-        for (int q = 0; q < RB; ++q) sum[q] = 0.f;
-        for (int u0 = 0; u0 < S; u0 += 8) {
-            float v[RB][8];
-#pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                const int sh = u0 + u, slot = sh == 0 ? lo_slot : 2 * (c_lo + sh);
-#pragma unroll
-                for (int q = 0; q < RB; ++q)
-                    v[q][u] = sh < S && rb + q < r1 ? __ldcg(ws + slot * F + (rb + q) * H_CONSUMERS + tid) : 0.f;
-            }
-#pragma unroll
-            for (int q = 0; q < RB; ++q)
-#pragma unroll
-                for (int u = 0; u < 8; ++u) sum[q] += v[q][u];
-        }
-#pragma unroll
-        for (int q = 0; q < RB; ++q) {
-            const int r = rb + q;
-            const int n = t * H_ROWS + 16 * warp + (lane >> 2) + 8 * ((r & 3) >> 1);
-            const int m = 8 * (r >> 2) + 2 * (lane & 3) + (r & 1);
-            if (r < r1 && n < N && m < M) y[(i64)m * N + n] = float_to_bf16(sum[q]);
-        }
-    }
-    named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);  // every thread is done reading the shares
-    if (tid == 0 && atomicAdd(&counters[t], 1) == 2 * S - 1) counters[t] = 0;  // the last reader resets
-}
-
 // xmap: tensor map over x fp8 [M, K] (box 128 x NT rows, 128-byte swizzle, kernels.launch_wgmma). Two rings:
 // `stages` weight stages (8 KB each) and `tstages` token stages (NT x 128 tokens and their NT scales).
 template <int NT>
@@ -106,7 +53,7 @@ __global__ void __launch_bounds__(H_THREADS, 2)
     fp8_gemm_wgmma64(const __grid_constant__ TensorMap xmap, const float* __restrict__ sx,
                      const fp8_t* __restrict__ wp, const float* __restrict__ sw, bf16_t* __restrict__ y,
                      float* __restrict__ ws, int* __restrict__ counters, int M, int N, int K, int Mp, int stages,
-                     int tstages, int spread) {
+                     int tstages) {
     constexpr int B_BYTES = NT * 128;          // one K block of tokens: a multiple of 1 KB (swizzle atoms stay aligned)
     constexpr int R = NT / 2;                  // accumulator registers per thread
     // Separate tensor-core accumulators per k32 step, summed in FP32 (see fp8_gemm_wgmma.cu): as many as 168
@@ -229,7 +176,6 @@ __global__ void __launch_bounds__(H_THREADS, 2)
     }
 
     int tile = first_tile, kb = kb0, settle = -1;
-    int shared0 = -1, shared1 = -1;  // (spread) the split tiles this CTA holds a share of, in order
     bool whole = kb == 0;  // the segment being accumulated started at the tile's first K block
     // weight stage s = j % stages (phase j / stages & 1), token stage t = j % tstages (phase j / tstages & 1)
     for (int j = 0, s = 0, phase = 0, t = 0, tphase = 0; j < iters; ++j) {
@@ -268,23 +214,19 @@ __global__ void __launch_bounds__(H_THREADS, 2)
         if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`
             if (whole && kb == KB - 1) {
                 store_tile<NT>(total, y, tile * H_ROWS, M, N);
-            } else if (whole && !spread) {
+            } else if (whole) {
                 settle = tile;  // its first K block is this CTA's: it sums the tile after the loop
             } else {
-                // Park the share and count it in. Classic settlement: another CTA sums the tile, and this is this
-                // CTA's first tile (slot c). Spread: every sharer sums a slice after the loop (slot 2c for the
-                // first tile, 2c + 1 for the last).
-                const int slot = spread ? 2 * c + (tile != first_tile) : c;
-                float* p = ws + (i64)slot * (H_ROWS * NT);
+                // Another CTA settles this tile: park the share (this is its first tile), then count it in.
+                float* p = ws + (i64)c * (H_ROWS * NT);
 #pragma unroll
                 for (int r = 0; r < R; ++r) p[r * H_CONSUMERS + tid] = total[r];  // [register][thread]: coalesced
                 if (j + 1 < iters) {
-                    named_barrier_arrive(H_BAR_PUBLISH, H_CONSUMERS + 32);  // (only ever the first tile)
+                    named_barrier_arrive(H_BAR_PUBLISH, H_CONSUMERS + 32);
                 } else {
                     named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);  // every share stored before the release below
                     if (tid == 0) red_add_release(&counters[tile], 1);
                 }
-                if (spread) (shared0 < 0 ? shared0 : shared1) = tile;
             }
             if (j + 1 < iters) {
 #pragma unroll
@@ -315,6 +257,4 @@ __global__ void __launch_bounds__(H_THREADS, 2)
         named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);  // the acquire above orders every thread's reads below
         settle_tile<NT, ACCS, H_CONSUMERS>(total, ws, counters, y, c, settle, T, C, KB, M, N);
     }
-    if (shared0 >= 0) spread_settle<NT>(ws, counters, y, c, shared0, T, C, KB, M, N);
-    if (shared1 >= 0) spread_settle<NT>(ws, counters, y, c, shared1, T, C, KB, M, N);
 }

@@ -275,13 +275,12 @@ def test_fp8_gemm_rounds_like_fp32_accumulation(M: int) -> None:
 
 
 @GPU
-@pytest.mark.parametrize("rows", [64, 128, "64-spread"])
+@pytest.mark.parametrize("rows", [64, 128])
 @pytest.mark.parametrize("stages", [2, 3, 4])
 @pytest.mark.parametrize("M", [5, 40, 128])  # 8-, 64- and 128-token tiles
-def test_fp8_gemm_stream_k_is_deterministic_and_resets(stages: int, M: int, rows: int | str) -> None:
+def test_fp8_gemm_stream_k_is_deterministic_and_resets(stages: int, M: int, rows: int) -> None:
     """Tiles shared by several CTAs are summed in a fixed order and their counters end at zero, so repeated calls
-    and graph replays give identical bits; with both tile heights (64: fp8_gemm_wgmma64, 128: fp8_gemm_wgmma) and the
-    64-row kernel's spread settlement (every sharer sums a slice: the same bits as the classic one)."""
+    and graph replays give identical bits; with both tile heights (64: fp8_gemm_wgmma64, 128: fp8_gemm_wgmma)."""
     if not kernels._use_wgmma(torch.device("cuda")):
         pytest.skip("no wgmma on this GPU")
     N, K = 2560, 9728  # 20 tiles x 76 K blocks: most tiles are split across CTAs
@@ -289,14 +288,10 @@ def test_fp8_gemm_stream_k_is_deterministic_and_resets(stages: int, M: int, rows
     wq, sw = ref.quantize_weight(w)
     xq, sx = ref.quantize_1x128(x)
     wp = kernels.pack_weight(wq)
-    plan = kernels._plan(M, N, K, 0, stages, 1, 64 if rows == "64-spread" else int(rows))
-    assert plan.rows == (64 if rows == "64-spread" else rows)
-    classic = kernels.launch_wgmma(plan._replace(spread=False), xq, sx, wp, sw)
-    plan = plan._replace(spread=rows == "64-spread")
-    first = kernels.launch_wgmma(plan, xq, sx, wp, sw)
-    assert torch.equal(first, classic)
+    first = kernels._fp8_gemm_wgmma(xq, sx, wp, sw, stages=stages, cluster=1, rows=rows)
+    assert kernels._plan(M, N, K, 0, stages, 1, rows).rows == rows
     for _ in range(3):
-        assert torch.equal(kernels.launch_wgmma(plan, xq, sx, wp, sw), first)
+        assert torch.equal(kernels._fp8_gemm_wgmma(xq, sx, wp, sw, stages=stages, cluster=1, rows=rows), first)
     r = ref.fp8_gemm(xq, sx, wq, sw).float()
     assert (first.float() - r).abs().max() / r.abs().max() < 1e-2
     sk = kernels._streamk(torch.device("cuda"), kernels._sm_count(0))
@@ -347,12 +342,6 @@ def test_fp8_gemm_both_tile_heights(rows: int, M: int, N: int, K: int) -> None:
     assert (first.float() - r).abs().max() / r.abs().max() < 1e-2
     for _ in range(2):
         assert torch.equal(kernels._fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1, rows=rows), first)
-    plan = kernels._plan(M, N, K, 0, cluster=1, rows=rows)
-    if plan.rows == 64:  # spread settlement: the same bits, and the counters it resets end at zero
-        for spread in (True, False):
-            assert torch.equal(kernels.launch_wgmma(plan._replace(spread=spread), xq, sx, wp, sw), first)
-        sk = kernels._streamk(torch.device("cuda"), kernels._sm_count(0))
-        assert int(sk.counters.abs().sum()) == 0
 
 
 @GPU

@@ -149,7 +149,6 @@ class WgmmaPlan(NamedTuple):
     iters: int  # the most iterations (weight blocks of `rows` x 128) any CTA streams
     rows: int = _TILE_ROWS  # weight rows per tile: 128 (fp8_gemm_wgmma) or 64 (fp8_gemm_wgmma64, global stream-K)
     tstages: int = 0  # 64 rows: token stages (`stages` counts its 8 KB weight stages)
-    spread: bool = False  # 64 rows: every sharer of a split tile sums a slice (else the tile's first sharer sums it)
 
 
 def _wgmma_instance(nt: int, cluster: bool) -> str:
@@ -461,9 +460,8 @@ def _rows64(M: int, cluster: int | None, rows: int | None) -> bool:
 def scratch_fits(plan: WgmmaPlan, N: int, sms: int) -> bool:
     """A global stream-K plan's shares and counters fit the per-stream scratch (at 64 tokens: layers up to ~200M
     weights); cluster plans use none."""
-    shares = 2 if plan.spread else 1  # spread settlement parks a CTA's first and last tile apart
     return plan.cluster > 1 or (N // plan.rows <= _STREAMK_TILES
-                                and shares * plan.grid * plan.rows * plan.nt <= _streamk_floats(sms))
+                                and plan.grid * plan.rows * plan.nt <= _streamk_floats(sms))
 
 
 @functools.cache
@@ -509,8 +507,8 @@ def launch_wgmma(plan: WgmmaPlan, xq: torch.Tensor, sx: torch.Tensor, wp: torch.
         fn = _jit.function("fp8_gemm_wgmma64.cu", f"fp8_gemm_wgmma64<{plan.nt}>", _H_INSTANCES)
         _jit.set_dynamic_smem(fn, plan.smem)
         xmap = _jit.tensor_map_2d(xq.data_ptr(), M, K, plan.nt, 128)
-        _jit.launch(fn, (plan.grid,), (_H_THREADS,), (xmap, sx.data_ptr(), *tail, _i32(plan.tstages),
-                                                       _i32(int(plan.spread))), shared_mem=plan.smem, pdl=True)
+        _jit.launch(fn, (plan.grid,), (_H_THREADS,), (xmap, sx.data_ptr(), *tail, _i32(plan.tstages)),
+                    shared_mem=plan.smem, pdl=True)
         return y
     fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(plan.nt, plan.cluster > 1), _WGMMA_INSTANCES)
     _jit.set_dynamic_smem(fn, plan.smem)
