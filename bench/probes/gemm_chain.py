@@ -1,16 +1,17 @@
 """Where does a GEMM in a chain spend its time? Per-CTA stamps of consecutive wgmma GEMMs inside one CUDA graph.
 
 The decode step is a chain of kernels; with programmatic dependent launch (PDL) a GEMM's CTAs may start, and stream
-their (constant) weights, while the previous kernel finishes, if an SM has room for both. This probe compiles an
-instrumented copy of `cuda/fp8_gemm_wgmma.cu` (patched in memory; the repository file is untouched; an anchor that no
-longer matches fails loudly) in which every CTA takes a ticket at entry (tickets are handed out launch by launch) and
-records `%globaltimer` at entry, when griddepcontrol.wait returned, at its first weight block, when its last block
-landed, when a summing CTA's spin ended, and at exit. It replays a graph of CHAIN launches (weights rotated past the
-L2) and prints, per later launch and relative to the previous launch's last CTA exit, the medians over CTAs of: wait
-returned, first block used, last block landed, exit; then the last exit; and the six slowest CTAs of launch 3.
-Variants: the planner's split, forced global stream-K ("1") and clusters of 8 ("8") with PDL, and the planner's
-split without PDL; each with the plan, its occupancy (CTAs per SM) and in-graph us per GEMM. Session 4 used it to
-find the settlement tail (bench/results/traces/README.md).
+their (constant) weights, while the previous kernel finishes, if an SM has room for both. This probe compiles
+instrumented copies of `cuda/fp8_gemm_wgmma.cu` and `cuda/fp8_gemm_wgmma64.cu` (what 17-128 tokens run; patched in
+memory, the repository files are untouched; an anchor that no longer matches fails loudly) in which every CTA takes
+a ticket at entry (tickets are handed out launch by launch) and records `%globaltimer` at entry, when
+griddepcontrol.wait returned, at its first weight block, when its last block landed, when a summing CTA's spin
+ended, and at exit. It replays a graph of CHAIN launches (weights rotated past the L2) and prints, per later launch
+and relative to the previous launch's last CTA exit, the medians over CTAs of: wait returned, first block used, last
+block landed, exit; then the last exit; and the six slowest CTAs of launch 3. Variants: the planner's split, at 1
+token also forced global stream-K ("1") and clusters of 8 ("8") with PDL, and the planner's split without PDL; each
+with the plan, its occupancy (CTAs per SM) and in-graph us per GEMM. Session 4 used it to find the settlement tail
+(bench/results/traces/README.md).
 
     python bench/probes/gemm_chain.py [wqkv wo gate_up w2]    # on the GPU machine, from the repository root
 """
@@ -60,10 +61,24 @@ ANCHORS = [
     ("        mbar_wait(full0 + 8 * s, phase);",
      "        mbar_wait(full0 + 8 * s, phase); if (tid == 0 && j == 0) TRS(1, gtime());"),
 ]
+# The same stamps in the 64-row kernel (fp8_gemm_wgmma64.cu, what 17-128 tokens run): its consumers' wait.
+ANCHORS64 = [
+    ("#define H_ROWS 64", PROBE + "#define H_ROWS 64"),
+    ANCHORS[1],
+    ("    pdl_wait();  // every global write below", "    pdl_wait(); if (tid == 0) TRS(3, gtime());  //"),
+    ANCHORS[3],
+    ("        named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);  // the acquire above orders",
+     "        if (tid == 0) TRS(5, gtime());\n"
+     "        named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);  // the acquire above orders"),
+    ANCHORS[5],
+    ("        mbar_wait(full_w + 8 * s, phase);",
+     "        mbar_wait(full_w + 8 * s, phase); if (tid == 0 && j == 0) TRS(1, gtime());"),
+]
 SHAPES = [("wqkv", 6144, 2560), ("wo", 2560, 4096), ("gate_up", 19456, 2560), ("w2", 2560, 9728)]
+EXIT = "    if (tid == 0) TRS(2, gtime());\n"
 
-
-instrumented_source = gemm_source(ANCHORS, "gemm_chain.py", "    if (tid == 0) TRS(2, gtime());\n")
+instrumented_source = gemm_source(ANCHORS64, "gemm_chain.py", EXIT, kernel="fp8_gemm_wgmma64.cu",
+                                  original=gemm_source(ANCHORS, "gemm_chain.py", EXIT))
 
 
 def main() -> None:
@@ -74,7 +89,8 @@ def main() -> None:
     if instrument:
         _jit.source = instrumented_source  # type: ignore[assignment]
     kernels.warmup(torch.device("cuda"))
-    mod = _jit.module("fp8_gemm_wgmma.cu", kernels._WGMMA_INSTANCES)
+    modules = {128: _jit.module("fp8_gemm_wgmma.cu", kernels._WGMMA_INSTANCES),
+               64: _jit.module("fp8_gemm_wgmma64.cu", kernels._H_INSTANCES)}
     out: dict[str, object] = {}
     shapes = [sh for sh in SHAPES if not sys.argv[1:] or sh[0] in sys.argv[1:]]
     for name, N, K in shapes:
@@ -84,15 +100,21 @@ def main() -> None:
             packed = [(kernels.pack_weight(q), s) for q, s in qs]
             xq, sx = kernels.quantize_1x128(torch.randn(M, K, device="cuda").bfloat16())
             for pdl in (True, False):
-                for forced in ("", "1", "8") if pdl else ("",):
+                for forced in ("", "1", "8") if pdl and M <= 16 else ("",):
                     os.environ["RTTS_NO_PDL"] = "" if pdl else "1"
                     os.environ["RTTS_GEMM_CLUSTER"] = forced
                     plan = kernels._plan(M, N, K, 0)
-                    grid = plan.grid
-                    fn = _jit.function("fp8_gemm_wgmma.cu", kernels._wgmma_instance(plan.nt, plan.cluster > 1),
-                                       kernels._WGMMA_INSTANCES)
+                    grid, mod = plan.grid, modules[plan.rows]
+                    if plan.rows == 64:
+                        fn = _jit.function("fp8_gemm_wgmma64.cu", f"fp8_gemm_wgmma64<{plan.nt}>", kernels._H_INSTANCES)
+                        threads = kernels._H_THREADS
+                    else:
+                        fn = _jit.function("fp8_gemm_wgmma.cu", kernels._wgmma_instance(plan.nt, plan.cluster > 1),
+                                           kernels._WGMMA_INSTANCES)
+                        threads = kernels._WGMMA_THREADS
                     try:
-                        occ = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, 288, plan.smem)
+                        occ = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, threads,
+                                                                                       plan.smem)
                     except Exception as e:  # noqa: BLE001
                         occ = f"? {e}"
                     key = f"{name} M={M} pdl={int(pdl)} {plan} occupancy={occ}"
