@@ -153,15 +153,18 @@ def main() -> None:
                             steps.append([round(float(statistics.median(us[k, :, c] - prev)), 2) for c in (3, 1, 4, 2)]
                                          + [round(float(us[k, :, 2].max() - prev), 2)])
                         row.update(launches=launches, after_prev_exit=steps)
-                        # The slowest CTAs of launch 3: block, then us after launch 2's last exit: wait returned,
-                        # first block, last block, spin done (a CTA summing a shared tile; -1 otherwise), exit.
+                        # The slowest CTAs of launch 3: block, then us after launch 2's last exit: entry, wait
+                        # returned, first block, last block, spin done (a CTA summing a shared tile; -1 otherwise),
+                        # exit.
                         prev = us[2, :, 2].max()
                         slow = []
                         for i in sorted(range(grid), key=lambda i: -us[3, i, 2])[:6]:
                             spin = round(float(us[3, i, 5] - prev), 2) if tr[3, i, 5] > 0 else -1
-                            at = [round(float(us[3, i, c] - prev), 2) for c in (3, 1, 4)]
+                            at = [round(float(us[3, i, c] - prev), 2) for c in (0, 3, 1, 4)]
                             slow.append([int(tr[3, i, 6]) - 1, *at, spin, round(float(us[3, i, 2] - prev), 2)])
                         spins = [float(us[3, i, 5] - prev) for i in range(grid) if tr[3, i, 5] > 0]
+                        entry = sorted(float(us[3, i, 0] - prev) for i in range(grid))
+                        row.update(entry_quartiles=[round(entry[int(q * (grid - 1))], 2) for q in (0, .25, .5, .75, 1)])
                         row.update(slowest=slow, settlers=len(spins),
                                    spin_done_median=round(statistics.median(spins), 2) if spins else None)
                     out[key] = row
