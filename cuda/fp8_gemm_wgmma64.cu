@@ -53,12 +53,13 @@ __global__ void __launch_bounds__(H_THREADS, 2)
     fp8_gemm_wgmma64(const __grid_constant__ TensorMap xmap, const float* __restrict__ sx,
                      const fp8_t* __restrict__ wp, const float* __restrict__ sw, bf16_t* __restrict__ y,
                      float* __restrict__ ws, int* __restrict__ counters, int M, int N, int K, int Mp, int stages,
-                     int tstages) {
+                     int tstages, int slots) {
     constexpr int B_BYTES = NT * 128;          // one K block of tokens: a multiple of 1 KB (swizzle atoms stay aligned)
     constexpr int R = NT / 2;                  // accumulator registers per thread
     // Separate tensor-core accumulators per k32 step, summed in FP32 (see fp8_gemm_wgmma.cu): as many as 168
     // registers hold next to the FP32 total.
     constexpr int ACCS = NT <= 32 ? 4 : (NT == 64 ? 2 : 1);
+    constexpr int SHARE_BYTES = H_ROWS * NT * 4;  // one parked FP32 share
     extern __shared__ unsigned char smem_raw[];
     const unsigned raw = smem_u32(smem_raw);
     unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
@@ -70,13 +71,16 @@ __global__ void __launch_bounds__(H_THREADS, 2)
     const int iters = (int)(unit_begin(c + 1, T, C) - it0);
     int first_tile, kb0;
     split_unit(it0, KB, first_tile, kb0);
-    // Layout: [stages][8 KB weights] | [tstages][NT x 128 tokens] | [tstages][NT] token scales | [iters] weight
-    // scales | mbarriers full_w[stages], empty_w[stages], full_t[tstages], empty_t[tstages]
+    // Layout: ring region = [stages][8 KB weights] | [tstages][NT x 128 tokens], after the loop reused for `slots`
+    // shares being summed (at least as long as either) | [tstages][NT] token scales | [iters] weight scales |
+    // mbarriers full_w[stages], empty_w[stages], full_t[tstages], empty_t[tstages], settle
+    const int region = max(stages * H_BYTES + tstages * B_BYTES, slots * SHARE_BYTES);
     const unsigned wring = smem_u32(smem), tring = wring + stages * H_BYTES;
-    float* s_x = reinterpret_cast<float*>(smem + stages * H_BYTES + tstages * B_BYTES);
+    float* s_x = reinterpret_cast<float*>(smem + region);
     float* s_w = s_x + tstages * NT;  // iteration j's weight scale
     const unsigned full_w = (smem_u32(s_w + iters) + 7u) & ~7u, empty_w = full_w + 8 * stages;
     const unsigned full_t = empty_w + 8 * stages, empty_t = full_t + 8 * tstages;
+    const unsigned settle_bar = empty_t + 8 * tstages;
 
     pdl_launch_dependents();
     // A first tile shared with earlier CTAs and finished before this CTA's range ends is published mid-range.
@@ -98,6 +102,7 @@ __global__ void __launch_bounds__(H_THREADS, 2)
                 mbar_init(full_t + 8 * s, 1);
                 mbar_init(empty_t + 8 * s, H_CONSUMERS / 32);
             }
+            mbar_init(settle_bar, 1);  // (a settling CTA) the share copies
             fence_proxy_async();  // the inits are visible to the TMA engine (async proxy)
         }
         __syncwarp();
@@ -249,12 +254,32 @@ __global__ void __launch_bounds__(H_THREADS, 2)
     }
     if (settle >= 0) {
         // Every other share of the tile counted in (they publish without waiting: this spin never waits on a CTA
-        // that waits).
-        const int want = unit_owner((i64)settle * KB + KB - 1, T, C) - c;
+        // that waits). Then the shares are bulk-copied into the free ring region, `slots` at a time: one L2 round
+        // trip for all of them instead of one per pair of shares read into registers (measured, bench/results/
+        // traces: 2-4 us of tail while the next GEMM streams), and summed in CTA order from shared memory.
+        const int c_hi = unit_owner((i64)settle * KB + KB - 1, T, C), want = c_hi - c;
         if (tid == 0)
             while (load_acquire(&counters[settle]) < want) {
             }
-        named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);  // the acquire above orders every thread's reads below
-        settle_tile<NT, ACCS, H_CONSUMERS>(total, ws, counters, y, c, settle, T, C, KB, M, N);
+        for (int b0 = 0, ph = 0; b0 < want; b0 += slots, ph ^= 1) {
+            const int nb = min(slots, want - b0);
+            // Every consumer warp is past its last MMA on the ring (first batch) or done reading the last batch.
+            named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);
+            if (tid == 0) {
+                fence_proxy_async_global();  // the shares acquired above, before the copy engine reads them
+                mbar_arrive_expect_tx(settle_bar, (unsigned)(nb * SHARE_BYTES));
+                for (int k = 0; k < nb; ++k)
+                    bulk_copy_g2s(wring + k * SHARE_BYTES, ws + (i64)(c + 1 + b0 + k) * (H_ROWS * NT), SHARE_BYTES,
+                                  settle_bar);
+            }
+            mbar_wait(settle_bar, ph);
+            const float* buf = reinterpret_cast<const float*>(smem);
+            for (int k = 0; k < nb; ++k) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) total[r] += buf[k * (H_ROWS * NT) + r * H_CONSUMERS + tid];
+            }
+        }
+        store_tile<NT>(total, y, settle * H_ROWS, M, N);
+        if (tid == 0) counters[settle] = 0;  // ready for the next launch (graph replays included)
     }
 }

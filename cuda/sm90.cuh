@@ -32,6 +32,10 @@ __device__ __forceinline__ void cp_async_wait() {
 // cp.async writes through the generic proxy; wgmma reads shared memory through the async proxy.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+// The same for global memory: generic-proxy writes this thread has observed (e.g. acquired from other CTAs) are
+// ordered before its later async-proxy (bulk copy) reads of them.
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
 // Matrix descriptor of a K-major tile whose rows are 128 bytes, 8-row atoms 1024 bytes apart (stride byte offset),
 // 128-byte swizzle (chunk c of row r stored at chunk c ^ (r % 8)); the atoms must be 1024-byte aligned. A K slice
 // starting k bytes into the rows is the same descriptor with the start address advanced by k.

@@ -181,6 +181,11 @@ def test_wgmma_plan_fits_the_gpu() -> None:
                     assert 2 * (p.smem + 1024 + 64) <= 228 * 1024  # two lean CTAs share an SM
 
 
+def unit_owner(u: int, T: int, C: int) -> int:
+    """The CTA whose stream-K range holds iteration u (cuda/streamk.cuh)."""
+    return ((u + 1) * C + T - 1) // T - 1
+
+
 def test_wgmma64_plan_fits_two_ctas_per_sm() -> None:
     """The 64-row kernel's plans: a token tile holding M, global stream-K over at most one CTA per SM, and a ring that
     leaves room for a second CTA (the next GEMM's) on every SM."""
@@ -192,7 +197,13 @@ def test_wgmma64_plan_fits_two_ctas_per_sm() -> None:
             assert p.grid == (264 if T >= 20 * 132 else 198 if T >= 12 * 132 else min(T, 132))
             assert p.iters == math.ceil(T / p.grid)
             assert p.stages == 4 and p.tstages in (3, 4)
-            assert p.smem == kernels.wgmma64_smem_bytes(p.nt, p.stages, p.tstages, p.iters)
+            assert p.smem == kernels.wgmma64_smem_bytes(p.nt, p.stages, p.tstages, p.iters, p.slots)
+            # A settling CTA's share buffers: at least one, never more than the other shares it can have to read.
+            KB = K // 128
+            sharers = max(unit_owner(t * KB + KB - 1, T, p.grid) - unit_owner(t * KB, T, p.grid) + 1
+                          for t in range(N // 64))
+            assert sharers - 1 <= math.ceil((KB - 1) / max(1, p.iters - 1))  # the planner's bound
+            assert 1 <= p.slots <= max(1, math.ceil((KB - 1) / max(1, p.iters - 1)))
             assert 2 * (p.smem + 1024 + 64) <= 228 * 1024
             assert kernels.scratch_fits(p, N, 132)
             assert kernels.wgmma64_plan(M, N, K, sms=132, stages=2).stages == 2

@@ -149,6 +149,7 @@ class WgmmaPlan(NamedTuple):
     iters: int  # the most iterations (weight blocks of `rows` x 128) any CTA streams
     rows: int = _TILE_ROWS  # weight rows per tile: 128 (fp8_gemm_wgmma) or 64 (fp8_gemm_wgmma64, global stream-K)
     tstages: int = 0  # 64 rows: token stages (`stages` counts its 8 KB weight stages)
+    slots: int = 0  # 64 rows: shares a settling CTA copies into shared memory at once
 
 
 def _wgmma_instance(nt: int, cluster: bool) -> str:
@@ -257,10 +258,12 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
     return best
 
 
-def wgmma64_smem_bytes(nt: int, stages: int, tstages: int, iters: int) -> int:
-    """Dynamic shared memory of one 64-row CTA: `stages` 8 KB weight stages, `tstages` token stages (NT x 128 tokens
-    and NT scales), the weight scales of its `iters` iterations, two mbarriers per stage, 1 KB of alignment slack."""
-    return 1024 + stages * (_H_BYTES + 16) + tstages * (nt * 132 + 16) + 4 * iters + 8
+def wgmma64_smem_bytes(nt: int, stages: int, tstages: int, iters: int, slots: int = 0) -> int:
+    """Dynamic shared memory of one 64-row CTA: the ring region (`stages` 8 KB weight stages and `tstages` NT x 128
+    token stages, reused after the loop for `slots` FP32 shares of 64 x NT), NT scales per token stage, the weight
+    scales of its `iters` iterations, two mbarriers per stage and one for settling, 1 KB of alignment slack."""
+    region = max(stages * _H_BYTES + tstages * nt * 128, slots * _H_ROWS * nt * 4)
+    return 1024 + region + tstages * nt * 4 + 4 * iters + 16 * (stages + tstages) + 16
 
 
 @functools.cache
@@ -283,7 +286,13 @@ def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) ->
     if stages is not None:
         st = min(st, stages)
     st = max(1, st)
-    return WgmmaPlan(nt, st, grid, wgmma64_smem_bytes(nt, st, ts, iters), 1, iters, _H_ROWS, ts)
+    # A settling CTA reads the other shares of its tile (at most ceil((KB - 1) / (iters - 1)) of them) in batches of
+    # `slots`: as many as half an SM's shared memory holds in the ring region (at least one: the ring is longer).
+    share = _H_ROWS * nt * 4
+    others = -(-(K // 128 - 1) // max(1, iters - 1))
+    ring = st * _H_BYTES + ts * nt * 128
+    slots = max(1, min(others, (_SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, st, ts, iters) + ring) // share))
+    return WgmmaPlan(nt, st, grid, wgmma64_smem_bytes(nt, st, ts, iters, slots), 1, iters, _H_ROWS, ts, slots)
 
 
 @dataclasses.dataclass
@@ -507,8 +516,8 @@ def launch_wgmma(plan: WgmmaPlan, xq: torch.Tensor, sx: torch.Tensor, wp: torch.
         fn = _jit.function("fp8_gemm_wgmma64.cu", f"fp8_gemm_wgmma64<{plan.nt}>", _H_INSTANCES)
         _jit.set_dynamic_smem(fn, plan.smem)
         xmap = _jit.tensor_map_2d(xq.data_ptr(), M, K, plan.nt, 128)
-        _jit.launch(fn, (plan.grid,), (_H_THREADS,), (xmap, sx.data_ptr(), *tail, _i32(plan.tstages)),
-                    shared_mem=plan.smem, pdl=True)
+        _jit.launch(fn, (plan.grid,), (_H_THREADS,), (xmap, sx.data_ptr(), *tail, _i32(plan.tstages),
+                                                       _i32(max(1, plan.slots))), shared_mem=plan.smem, pdl=True)
         return y
     fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(plan.nt, plan.cluster > 1), _WGMMA_INSTANCES)
     _jit.set_dynamic_smem(fn, plan.smem)
