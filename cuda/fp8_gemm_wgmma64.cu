@@ -17,9 +17,11 @@
 //     SM's shared memory (host plan): two CTAs per SM. Short layers run one CTA per SM, so under PDL the next GEMM
 //     becomes resident and fills its weight ring while this one finishes; long ones (gate|up, w2) two of their own
 //     (kernels.wgmma64_plan: the one consumer warpgroup, not the ring, bounds a lone CTA's stream);
-//   - a split tile's shares are 64 x NT floats (16 KB at 64 tokens).
-// Stream-K split, settlement, determinism and the deadlock argument are those of fp8_gemm_wgmma.cu (streamk.cuh),
-// over T = N/64 * K/128 iterations.
+//   - a split tile's shares are 64 x NT floats (16 KB at 64 tokens), and the CTA summing a tile bulk-copies the
+//     others into its then free ring region, `slots` at a time, and sums them from shared memory (one L2 round trip
+//     for all of them where they fit, instead of one per pair read into registers).
+// The stream-K split, who settles which tile, the summation order (determinism) and the deadlock argument are those
+// of fp8_gemm_wgmma.cu (streamk.cuh), over T = N/64 * K/128 iterations.
 #include "streamk.cuh"
 
 #define H_ROWS 64            // weight rows per iteration (half a packed block)

@@ -1,6 +1,7 @@
 // Stream-K bookkeeping shared by the wgmma GEMMs (fp8_gemm_wgmma.cu: 128-row tiles, two consumer warpgroups;
 // fp8_gemm_wgmma64.cu: 64-row tiles, one): which iterations a CTA streams, who owns an iteration, storing a tile, and
-// settling a tile split over several CTAs through global memory.
+// (the 128-row kernel; the 64-row one bulk-copies the shares into shared memory instead) settling a tile split over
+// several CTAs by reading the shares from global memory into registers.
 //
 // The grid is persistent and CTA c takes the contiguous iteration range [c*T/C, (c+1)*T/C) of the T = tiles * K/128
 // iterations in tile-major order. A tile shared by several CTAs is summed by the one holding its first K block (always
