@@ -1,0 +1,214 @@
+"""Launch plans of the FP8 GEMM kernels: pure functions of the shape and the GPU's SM count (no torch, no CUDA), so
+the CPU tests check every plan the GPU would launch.
+
+- `wgmma_plan`: the 128-row wgmma kernel (cuda/fp8_gemm_wgmma.cu), 1-16 tokens (and forced splits / tile heights):
+  token tile, global stream-K or thread-block-cluster split, ring stages.
+- `wgmma64_plan`: the 64-row kernel (cuda/fp8_gemm_wgmma64.cu), 17-128 tokens: token tile, CTAs per SM, weight and
+  token stages, share buffers of a settling CTA.
+- `gemm_plan`: the portable mma.sync kernel (cuda/fp8_gemm.cu).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+_SMS = 132  # H200: the mma.sync split-K plan and attention_splits' default (callers on a GPU pass the real count)
+
+_NT = (1, 2, 4, 8, 16)
+_GEMM_INSTANCES = tuple(f"fp8_gemm<{nt},{w},{str(s).lower()}>" for nt in _NT for w in (4, 8) for s in (False, True))
+
+# wgmma kernel (sm_90a): packed weights streamed by bulk copies through a ring of 16 KB stages.
+_WGMMA_NT = (8, 16, 32, 64, 128)  # token tile widths (M <= 128 per launch)
+_LEAN_NT = 16  # tiles up to this width run the 96-register instance, two CTAs per SM (see the kernel)
+_CLUSTER_NT = 64  # widest tile with a cluster-settled instance (its shares must fit in the weight ring)
+_TILE_ROWS = 128  # weight rows per iteration (one 128x128 scale block)
+_TILE_BYTES = 128 * 128
+_WGMMA_THREADS = 256 + 64  # two consumer warpgroups, a producer warp and a publisher warp
+_SMEM_LIMIT = 227 * 1024 - 64  # per CTA, less the kernel's static shared memory
+# Two CTAs per SM (lean instances): 228 KB per SM, less 1 KB reserved per CTA and the static shared memory.
+_SMEM_PAIR_LIMIT = 112 * 1024
+_MAX_STAGES = 4  # one CTA per SM: 8 measured 0-1.4 us slower per GEMM than 4 on the H200 (bench --stages)
+_MAX_STAGES_LEAN = 6  # two per SM: the next GEMM prefetches this much while the previous one settles
+_MIN_STAGES = 2
+_MAX_CLUSTER = 8  # portable cluster size
+# Auto plan: global stream-K settlement has one CTA read every other share of a tile from L2 after the stream, so
+# it costs about this many 16 KB blocks of that SM's weight stream per byte-equivalent block of shares read beyond
+# one (fitted to H200 timings, session 4, bench --clusters: at 8 tokens global beats clusters on every S2-Pro shape,
+# at 64 tokens clusters win for wo, whose tiles global splits over 8 CTAs). Cluster settlement spreads the reading.
+_SETTLE_COST = 0.35
+_MAX_GRID_PER_SM = 4  # stream-K scratch is sized for this many CTAs per SM
+
+# 64-row kernel (cuda/fp8_gemm_wgmma64.cu) for 17-128 tokens: one consumer warpgroup per 64-row half tile, tokens
+# streamed through the ring by tensor-map TMA, two CTAs per SM.
+_H_NT = (32, 64, 128)
+_H_ROWS = 64
+_H_BYTES = _H_ROWS * 128
+_H_THREADS = 128 + 64
+# Weight stages (8 KB each). Measured on the H200 (bench/probes/gemm64_grid.py, session 5): deeper rings, which let
+# the next GEMM prefetch more of its stream while this one runs, were no faster (wo 64 tokens: 3/4/6/9 stages
+# 8.5/8.4/8.6/9.0 us); with two CTAs per SM 3-4 were best too.
+_H_MAX_STAGES = 4
+_H_TOKEN_STAGES = 4  # token stages (3 at 128 tokens, 16 KB each): tokens come from L2, a short round trip
+# CTAs per SM by layer length (iterations one CTA per SM would stream): at _H_LONG_ITERS or more, two of the layer's
+# own per SM; from _H_MID_ITERS, one or two (1.5 on average); below, one, leaving the second slot to the next GEMM.
+# Measured on the H200 (bench/probes/gemm64_grid.py, session 5): gate|up at 64 tokens (47 iterations at one per SM)
+# 21.3 -> 17.6 us at two per SM, w2 (23) 13.0 -> 12.5; wqkv (15) 9.8 -> 9.4 at 1.5 (32 tokens 8.7 -> 7.9), 9.8 at
+# two; wo (10) 8.4 at one, 8.9 at 1.5, 9.8 at two. A lone CTA's single consumer warpgroup, not its ring depth, seems
+# to bound its stream (more stages did not help; a second CTA of the same GEMM did).
+_H_LONG_ITERS = 20
+_H_MID_ITERS = 12
+_H_INSTANCES = tuple(f"fp8_gemm_wgmma64<{nt}>" for nt in _H_NT)
+
+
+class WgmmaPlan(NamedTuple):
+    """Launch plan of the wgmma GEMM. cluster == 1: stream-K over the whole grid, settled through global memory;
+    cluster > 1: clusters of that many CTAs, each owning whole tiles, settled in distributed shared memory."""
+
+    nt: int  # token tile width
+    stages: int  # 16 KB weight stages per CTA
+    grid: int  # CTAs
+    smem: int  # dynamic shared memory per CTA
+    cluster: int  # CTAs per cluster (1: none)
+    iters: int  # the most iterations (weight blocks of `rows` x 128) any CTA streams
+    rows: int = _TILE_ROWS  # weight rows per tile: 128 (fp8_gemm_wgmma) or 64 (fp8_gemm_wgmma64, global stream-K)
+    tstages: int = 0  # 64 rows: token stages (`stages` counts its 8 KB weight stages)
+    slots: int = 0  # 64 rows: shares a settling CTA copies into shared memory at once
+
+
+def _wgmma_instance(nt: int, cluster: bool) -> str:
+    name = "fp8_gemm_wgmma_lean" if nt <= _LEAN_NT else "fp8_gemm_wgmma"
+    return f"{name}<{nt},{'true' if cluster else 'false'}>"
+
+
+_WGMMA_INSTANCES = tuple(_wgmma_instance(nt, cl) for nt in _WGMMA_NT for cl in (False, True)
+                         if not (cl and nt > _CLUSTER_NT))
+
+
+def wgmma_smem_bytes(nt: int, blocks: int, stages: int, iters: int, cluster: bool = False) -> int:
+    """Dynamic shared memory of one CTA: `stages` 16 KB weight stages, `blocks` K blocks of NT tokens (bytes and
+    scales), the weight scales of its `iters` iterations, the parked share of its first tile (cluster settlement),
+    two mbarriers per stage, 1 KB of alignment slack."""
+    slot = _TILE_ROWS * nt * 4 if cluster else 0
+    return 1024 + stages * _TILE_BYTES + blocks * nt * (128 + 4) + 4 * iters + slot + 16 * stages + 8
+
+
+@functools.cache  # pure, and asked on every call of fp8_gemm
+def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, cluster: int | None = None,
+               capacity: tuple[int, ...] | None = None) -> WgmmaPlan:
+    """The launch plan for M <= 128 tokens, N % 128 == 0: the smallest token tile holding M, then the split of the
+    T = N/128 * K/128 weight blocks over the SMs with the fewest blocks on the busiest CTA, counting global
+    settlement as _SETTLE_COST times the share bytes one CTA reads beyond two sharers (`cluster` forces a cluster
+    size, 1 = global stream-K):
+      - global stream-K: one CTA per SM, each a contiguous T/grid range;
+      - clusters of cs CTAs (2..8, NT <= 64): G clusters of whole tiles, each split over its CTAs; G is bounded by
+        the SMs and by `capacity[cs]`, how many such clusters the GPU co-schedules one CTA per SM (default
+        sms // cs; kernels._cluster_capacity asks the driver). The planner only picks even splits (every cluster
+        the same tiles, every CTA the same blocks): on the H200 uneven ones (a cluster barrier waits for its
+        busiest CTA) measured slower than global stream-K.
+    Stages: as many (up to _MAX_STAGES, or _MAX_STAGES_LEAN for the two-per-SM lean tiles within half an SM's shared
+    memory) as the memory the token blocks leave allows (a CTA holds min(K/128, its iterations) of them); `stages`
+    lowers that. When fewer than two fit, a global plan grows its grid."""
+    nt = next(n for n in _WGMMA_NT if n >= M)
+    KB, tiles = K // 128, N // _TILE_ROWS
+    T = tiles * KB
+    lean = nt <= _LEAN_NT
+    ring_min = -(-(_TILE_ROWS * nt * 4) // _TILE_BYTES)  # stages a cluster plan parks a share in
+
+    def stages_for(iters: int, cl: bool) -> tuple[int, int]:
+        blocks = min(KB, iters)
+        budgets = ((_SMEM_PAIR_LIMIT, _MAX_STAGES_LEAN), (_SMEM_LIMIT, _MAX_STAGES)) if lean else \
+            ((_SMEM_LIMIT, _MAX_STAGES),)
+        for limit, most in budgets:
+            room = limit - wgmma_smem_bytes(nt, blocks, 0, iters, cl)
+            st = min(most, room // (_TILE_BYTES + 16))
+            if st >= _MIN_STAGES:
+                break
+        if cl:
+            st = max(st, ring_min)  # the ring holds the last tile's share
+        return st, wgmma_smem_bytes(nt, blocks, st, iters, cl)
+
+    options: list[tuple[float, WgmmaPlan]] = []
+    if cluster in (None, 1):
+        grid = min(T, sms)
+        while True:
+            iters = -(-T // grid)
+            st, smem = stages_for(iters, False)
+            if st >= _MIN_STAGES or grid >= T:
+                break
+            grid = min(T, grid + max(1, sms // 4))
+        sharers = -(-KB // iters) + (1 if KB % iters else 0)  # the most CTAs one tile is split over
+        share_blocks = _TILE_ROWS * nt * 4 / _TILE_BYTES  # one parked share, in 16 KB blocks
+        options.append((iters + _SETTLE_COST * max(0, sharers - 2) * share_blocks,
+                        WgmmaPlan(nt, st, grid, smem, 1, iters)))
+    if nt <= _CLUSTER_NT:
+        for cs in range(2, _MAX_CLUSTER + 1) if cluster is None else (cluster,) if cluster > 1 else ():
+            cap = capacity[cs] if capacity is not None else sms // cs
+            G = min(tiles, sms // cs, cap)
+            if G < 1 or tiles // G * KB < cs:  # every CTA needs at least one block
+                continue
+            if cluster is None and (tiles % G or tiles // G * KB % cs):  # auto: even splits only
+                continue
+            iters = -(-(-(-tiles // G) * KB) // cs)
+            st, smem = stages_for(iters, True)
+            if smem <= _SMEM_LIMIT:
+                options.append((iters, WgmmaPlan(nt, st, G * cs, smem, cs, iters)))
+    if not options:
+        raise ValueError(f"no wgmma plan for {M}x{N}x{K} with cluster={cluster}")
+    best = min(options, key=lambda o: (o[0], o[1].cluster))[1]
+    if stages is not None:  # lowered after the split is chosen: a forced stage count never reshapes the grid
+        st = max(1, min(best.stages, stages), ring_min if best.cluster > 1 else 1)
+        best = best._replace(stages=st, smem=wgmma_smem_bytes(nt, min(KB, best.iters), st, best.iters,
+                                                              best.cluster > 1))
+    return best
+
+
+def wgmma64_smem_bytes(nt: int, stages: int, tstages: int, iters: int, slots: int = 0) -> int:
+    """Dynamic shared memory of one 64-row CTA: the ring region (`stages` 8 KB weight stages and `tstages` NT x 128
+    token stages, reused after the loop for `slots` FP32 shares of 64 x NT), NT scales per token stage, the weight
+    scales of its `iters` iterations, two mbarriers per stage and one for settling, 1 KB of alignment slack."""
+    region = max(stages * _H_BYTES + tstages * nt * 128, slots * _H_ROWS * nt * 4)
+    return 1024 + region + tstages * nt * 4 + 4 * iters + 16 * (stages + tstages) + 16
+
+
+@functools.cache
+def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) -> WgmmaPlan:
+    """The 64-row kernel's plan for 17-128 tokens: the smallest token tile of _H_NT holding M; global stream-K of
+    the T = N/64 * K/128 half-block iterations over min(T, sms) CTAs, so a second CTA (the next GEMM's, under PDL)
+    is resident beside each, or 1.5 / 2 per SM for layers of _H_MID_ITERS / _H_LONG_ITERS or more iterations per
+    SM; _H_TOKEN_STAGES token stages (3 at 128 tokens) and up to _H_MAX_STAGES weight stages, within half an SM's
+    shared memory; `stages` lowers the weight stages."""
+    if M > _H_NT[-1] or N % _H_ROWS or K % 128:
+        raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K}")
+    nt = next(n for n in _H_NT if n >= M)
+    T = N // _H_ROWS * (K // 128)
+    per_sm = 2.0 if T >= _H_LONG_ITERS * sms else 1.5 if T >= _H_MID_ITERS * sms else 1.0
+    grid = min(T, int(per_sm * sms))
+    iters = -(-T // grid)
+    ts = _H_TOKEN_STAGES if nt <= 64 else _H_TOKEN_STAGES - 1
+    room = _SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, 0, ts, iters)
+    st = min(_H_MAX_STAGES, room // (_H_BYTES + 16))
+    if stages is not None:
+        st = min(st, stages)
+    st = max(1, st)
+    # A settling CTA reads the other shares of its tile (at most ceil((KB - 1) / (iters - 1)) of them) in batches of
+    # `slots`: as many as half an SM's shared memory holds in the ring region (at least one: the ring is longer).
+    share = _H_ROWS * nt * 4
+    others = -(-(K // 128 - 1) // max(1, iters - 1))
+    ring = st * _H_BYTES + ts * nt * 128
+    slots = max(1, min(others, (_SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, st, ts, iters) + ring) // share))
+    return WgmmaPlan(nt, st, grid, wgmma64_smem_bytes(nt, st, ts, iters, slots), 1, iters, _H_ROWS, ts, slots)
+
+
+def gemm_plan(M: int, N: int, K: int) -> tuple[int, int, int, int]:
+    """mma.sync kernel (GPUs without wgmma): (NT, warps, splits, K blocks per split): enough CTAs to fill the GPU,
+    split-K only while the FP32 partials stay small next to the weight bytes."""
+    nt = next(n for n in _NT if n * 8 >= M)
+    warps = 8 if N >= 4096 else 4
+    ctas = math.ceil(N / (warps * 16))
+    KB = K // 128
+    max_split = max(1, min(KB, K // (4 * M)))
+    splits = max(1, min(max_split, math.ceil(2 * _SMS / ctas)))
+    per = math.ceil(KB / splits)
+    return nt, warps, math.ceil(KB / per), per
