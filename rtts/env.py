@@ -33,9 +33,9 @@ def gemm_cluster() -> int | None:
 
 
 def gemm_rows() -> int | None:
-    """RTTS_GEMM_ROWS=64|128: force the wgmma GEMM's tile height for 17-128 tokens (64: fp8_gemm_wgmma64, one
-    warpgroup per 64-row tile, tokens through the ring; 128: fp8_gemm_wgmma, two warpgroups, tokens staged) instead
-    of the planner's choice (comparison, bisection)."""
+    """RTTS_GEMM_ROWS=64|128: force the wgmma GEMM's tile height (64: fp8_gemm_wgmma64, one warpgroup per 64-row
+    tile, tokens through a ring; 128: fp8_gemm_wgmma, two warpgroups, tokens staged) for every token count, instead
+    of the planner's choice (64 above 16 tokens): comparison, bisection."""
     v = os.environ.get("RTTS_GEMM_ROWS", "").strip()
     if v not in ("", "64", "128"):
         raise ValueError(f"RTTS_GEMM_ROWS must be 64 or 128, got {v!r}")

@@ -3,6 +3,7 @@ random non-zero inputs, odd sizes included (marked gpu)."""
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Callable
 
@@ -187,8 +188,8 @@ def unit_owner(u: int, T: int, C: int) -> int:
 
 
 def test_wgmma64_plan_fits_two_ctas_per_sm() -> None:
-    """The 64-row kernel's plans: a token tile holding M, global stream-K over at most one CTA per SM, and a ring that
-    leaves room for a second CTA (the next GEMM's) on every SM."""
+    """The 64-row kernel's plans: a token tile holding M, global stream-K over 1, 1.5 or 2 CTAs per SM by layer
+    length, and shared memory that leaves room for a second CTA (the next GEMM's, or the layer's own) on every SM."""
     for M in (17, 32, 33, 64, 65, 100, 128):
         for N, K in ((2560, 9728), (19456, 2560), (6144, 2560), (2560, 4096), (128, 128), (384, 1280)):
             p = kernels.wgmma64_plan(M, N, K, sms=132)
@@ -209,6 +210,22 @@ def test_wgmma64_plan_fits_two_ctas_per_sm() -> None:
             assert kernels.wgmma64_plan(M, N, K, sms=132, stages=2).stages == 2
     with pytest.raises(ValueError):
         kernels.wgmma64_plan(129, 2560, 2560, sms=132)
+    with pytest.raises(ValueError):  # so many iterations per CTA that not one weight stage fits beside their scales
+        kernels.wgmma64_plan(64, 1 << 16, 1 << 16, sms=2)
+    assert kernels.wgmma64_plan(64, 19456, 2560, sms=132, grid=132).grid == 132  # probes override the CTA count
+
+
+def test_tensor_map_host_checks() -> None:
+    """TMA maps are encoded at a 64-byte aligned host address (the driver's requirement; ctypes aligns to 8), and
+    unsupported maps are refused before the driver is asked."""
+    from rtts.kernels import _jit
+
+    for _ in range(8):
+        assert ctypes.addressof(_jit.aligned_tensor_map()) % 64 == 0
+    for bad in ((8, 64, 2560, 64, 128), (16, 64, 2500, 64, 128), (16, 0, 2560, 64, 128), (16, 64, 2560, 300, 128),
+                (16, 64, 2560, 64, 256)):
+        with pytest.raises(ValueError):
+            _jit.tensor_map_2d(*bad)
 
 
 def test_wgmma_plan_prefers_cluster_settlement() -> None:
@@ -342,8 +359,14 @@ def test_fp8_gemm_both_tile_heights(rows: int, M: int, N: int, K: int) -> None:
     engine) and the 128-row one compute the same product, the same bits on every call, on odd sizes too."""
     if not kernels._use_wgmma(torch.device("cuda")):
         pytest.skip("no wgmma on this GPU")
-    if not kernels.scratch_fits(kernels._plan(M, N, K, 0, cluster=1, rows=rows), N, kernels._sm_count(0)):
-        pytest.skip("fp8_gemm runs this one in token slices")  # the 128-row kernel's two-wave 128-token plans
+    from rtts.kernels import _jit
+
+    if rows == 64 and not _jit.tensor_maps_available():
+        pytest.skip("the 64-row kernel needs the driver's tensor maps")
+    plan = kernels._plan(M, N, K, 0, cluster=1, rows=rows)
+    assert plan.rows == rows  # the kernel under test is the one that runs
+    if not kernels.scratch_fits(plan, N, kernels._sm_count(0)):
+        pytest.skip("this plan's shares do not fit the stream-K scratch (fp8_gemm would slice the tokens)")
     x, w = _x(M, K, seed=M + 60, device="cuda"), _x(N, K, scale=0.05, seed=N + 61, device="cuda")
     wq, sw = ref.quantize_weight(w)
     xq, sx = ref.quantize_1x128(x)
@@ -365,6 +388,10 @@ def test_fp8_gemm_pdl_chain(monkeypatch: pytest.MonkeyPatch, M: int) -> None:
         pytest.skip("no wgmma on this GPU")
     ws = [ref.quantize_weight(_x(2560, 2560, scale=0.03, seed=20 + i, device="cuda")) for i in range(6)]
     ws = [(kernels.pack_weight(q), s) for q, s in ws]
+    from rtts.kernels import _jit
+
+    if M > 16 and _jit.tensor_maps_available():
+        assert kernels._plan(M, 2560, 2560, 0).rows == 64  # the chain runs the 64-row kernel
     x0 = _x(M, 2560, seed=30, device="cuda")
 
     def chain() -> torch.Tensor:

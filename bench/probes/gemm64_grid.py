@@ -30,9 +30,9 @@ def main() -> None:
             xq, sx = kernels.quantize_1x128(torch.randn(M, K, device="cuda", dtype=torch.bfloat16))
             base = kernels.wgmma64_plan(M, N, K, sms)
             for grid in (sms, sms * 3 // 2, 2 * sms):
-                top = kernels.wgmma64_plan(M, N, K, grid).stages
+                top = kernels.wgmma64_plan(M, N, K, sms, grid=grid).stages
                 for st in sorted({3, 4, 6, 9, top} & set(range(2, top + 1))):
-                    plan = kernels.wgmma64_plan(M, N, K, grid, st)
+                    plan = kernels.wgmma64_plan(M, N, K, sms, st, grid=grid)
 
                     def call(i: int, plan: kernels.WgmmaPlan = plan) -> torch.Tensor:
                         wp, sw = packed[i % len(packed)]

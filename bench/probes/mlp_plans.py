@@ -19,17 +19,10 @@ from rtts.kernels import reference as ref
 DIM, HIDDEN = 2560, 9728
 
 
-def plan64(M: int, N: int, K: int, grid: int, stages: int, tstages: int = 4) -> kernels.WgmmaPlan:
-    nt = next(n for n in (32, 64, 128) if n >= M)
-    iters = -(-(N // 64 * (K // 128)) // grid)
-    return kernels.WgmmaPlan(nt, stages, grid, kernels.wgmma64_smem_bytes(nt, stages, tstages, iters), 1, iters, 64,
-                             tstages)
-
-
 def plans(M: int, N: int, K: int, sms: int) -> dict[str, kernels.WgmmaPlan]:
     out = {"r128": kernels.wgmma_plan(M, N, K, sms),
-           "r64g1": kernels.wgmma64_plan(M, N, K, sms // 2 if N * K // 8192 >= 20 * sms else sms),
-           "r64g2": plan64(M, N, K, 2 * sms, 4, 4 if M <= 64 else 3)}
+           "r64g1": kernels.wgmma64_plan(M, N, K, sms, grid=sms),
+           "r64g2": kernels.wgmma64_plan(M, N, K, sms, 4, grid=2 * sms)}
     if M > 64:  # the 128-row kernel slices 128 tokens into two 64-token launches for these layers
         del out["r128"]
     return out

@@ -277,7 +277,11 @@ def _plan(M: int, N: int, K: int, device_index: int, stages: int | None = None,
         rows = env.gemm_rows()
     sms = _sm_count(device_index)
     if _rows64(M, cluster, rows):
-        return wgmma64_plan(M, N, K, sms, stages)
+        try:
+            return wgmma64_plan(M, N, K, sms, stages)
+        except ValueError:
+            if rows == _H_ROWS:  # forced: no fallback
+                raise
     return wgmma_plan(M, N, K, sms, stages, cluster, _cluster_capacity(device_index))
 
 

@@ -229,9 +229,16 @@ def _c_arg(a: Any) -> ctypes._SimpleCData | TensorMap:
     raise TypeError(f"unsupported kernel argument {a!r}")
 
 
-class TensorMap(ctypes.Structure):  # CUtensorMap: 128 opaque bytes, 64-byte aligned
+class TensorMap(ctypes.Structure):  # CUtensorMap: 128 opaque bytes, which the driver wants 64-byte aligned
     _pack_ = 8
     _fields_ = [("opaque", ctypes.c_uint64 * 16)]
+
+
+def aligned_tensor_map() -> TensorMap:
+    """A zeroed TensorMap at a 64-byte aligned host address (cuTensorMapEncodeTiled requires it; ctypes aligns the
+    structure to 8 only). It views a larger buffer, which it keeps alive."""
+    buf = (ctypes.c_ubyte * (ctypes.sizeof(TensorMap) + 64))()
+    return TensorMap.from_buffer(buf, -ctypes.addressof(buf) % 64)
 
 
 _U8, _SWIZZLE_128B, _L2_PROMOTE_128B = 0, 3, 2  # CU_TENSOR_MAP_DATA_TYPE_UINT8, ..._SWIZZLE_128B, ..._L2_PROMOTION_128B
@@ -247,9 +254,9 @@ def tensor_map_2d(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int) 
     """TMA map over a row-major byte matrix [rows, cols] at device address `ptr` (16-byte aligned, cols % 16 == 0):
     boxes of box_rows x box_cols bytes (box_cols <= 128) land in shared memory with the 128-byte swizzle the wgmma
     descriptors read (desc_sw128); rows past `rows` are filled with zeros."""
-    if ptr % 16 or cols % 16 or box_cols > 128 or not 1 <= box_rows <= 256:
+    if ptr % 16 or cols % 16 or rows < 1 or box_cols > 128 or not 1 <= box_rows <= 256:
         raise ValueError(f"tensor_map_2d: unsupported map {rows}x{cols} box {box_rows}x{box_cols} at {ptr:#x}")
-    m = TensorMap()
+    m = aligned_tensor_map()
     dims = (ctypes.c_uint64 * 2)(cols, rows)
     strides = (ctypes.c_uint64 * 1)(cols)
     box = (ctypes.c_uint32 * 2)(box_cols, box_rows)

@@ -173,25 +173,27 @@ def wgmma64_smem_bytes(nt: int, stages: int, tstages: int, iters: int, slots: in
 
 
 @functools.cache
-def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None) -> WgmmaPlan:
+def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, grid: int | None = None) -> WgmmaPlan:
     """The 64-row kernel's plan for 17-128 tokens: the smallest token tile of _H_NT holding M; global stream-K of
     the T = N/64 * K/128 half-block iterations over min(T, sms) CTAs, so a second CTA (the next GEMM's, under PDL)
     is resident beside each, or 1.5 / 2 per SM for layers of _H_MID_ITERS / _H_LONG_ITERS or more iterations per
     SM; _H_TOKEN_STAGES token stages (3 at 128 tokens) and up to _H_MAX_STAGES weight stages, within half an SM's
-    shared memory; `stages` lowers the weight stages."""
+    shared memory; `stages` lowers the weight stages; `grid` replaces the planner's CTA count (probes). Raises
+    ValueError where not even one weight stage fits (huge layers on few SMs): the caller plans the 128-row kernel."""
     if M > _H_NT[-1] or N % _H_ROWS or K % 128:
         raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K}")
     nt = next(n for n in _H_NT if n >= M)
     T = N // _H_ROWS * (K // 128)
     per_sm = 2.0 if T >= _H_LONG_ITERS * sms else 1.5 if T >= _H_MID_ITERS * sms else 1.0
-    grid = min(T, int(per_sm * sms))
+    grid = min(T, int(per_sm * sms) if grid is None else grid)
     iters = -(-T // grid)
     ts = _H_TOKEN_STAGES if nt <= 64 else _H_TOKEN_STAGES - 1
     room = _SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, 0, ts, iters)
     st = min(_H_MAX_STAGES, room // (_H_BYTES + 16))
+    if st < 1:
+        raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K}: {iters} iterations per CTA leave no room")
     if stages is not None:
-        st = min(st, stages)
-    st = max(1, st)
+        st = max(1, min(st, stages))
     # A settling CTA reads the other shares of its tile (at most ceil((KB - 1) / (iters - 1)) of them) in batches of
     # `slots`: as many as half an SM's shared memory holds in the ring region (at least one: the ring is longer).
     share = _H_ROWS * nt * 4
