@@ -195,10 +195,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
                 if (j >= stages) mbar_wait(empty0 + 8 * s, phase ^ 1);  // every consumer warp released it
                 mbar_arrive_expect_tx(full0 + 8 * s, TILE_BYTES);
                 bulk_copy_g2s(w_base + s * TILE_BYTES, src + (i64)j * TILE_BYTES, TILE_BYTES, full0 + 8 * s);
-                if (++s == stages) {
-                    s = 0;
-                    phase ^= 1;
-                }
+                ring_next(s, phase, stages);
             }
         }
         if constexpr (!CLUSTER) return;  // the copies complete on their own; the consumers keep the CTA alive
@@ -252,30 +249,10 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
             named_barrier(BAR_CONSUMERS, CONSUMERS);
         }
         mbar_wait(full0 + 8 * s, phase);
-        const unsigned a = w_base + s * TILE_BYTES + wg * (TILE_BYTES / 2), b = b_base + slot * B_BYTES;
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-            wgmma_e4m3<NT>(acc[k % ACCS], desc_sw128(a + 32 * k), desc_sw128(b + 32 * k), k >= ACCS);
-        wgmma_commit();
-        wgmma_wait_all();
-#pragma unroll
-        for (int q = 0; q < ACCS; ++q) fence_regs(acc[q]);
+        mma_block<NT, ACCS>(acc, w_base + s * TILE_BYTES + wg * (TILE_BYTES / 2), b_base + slot * B_BYTES);
         if (lane == 0) mbar_arrive(empty0 + 8 * s);  // this warp's share of the MMAs is done reading the stage
 
-        const float swv = s_w[j], *sxb = s_x + slot * NT;
-#pragma unroll
-        for (int i = 0; i < NT / 8; ++i) {
-            const int col = 8 * i + 2 * (lane & 3);
-            const float s0 = swv * sxb[col], s1 = swv * sxb[col + 1];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float v = acc[0][4 * i + e];
-#pragma unroll
-                for (int q = 1; q < ACCS; ++q) v += acc[q][4 * i + e];  // FP32, outside the tensor core
-                total[4 * i + e] += v * ((e & 1) ? s1 : s0);
-            }
-        }
+        promote<NT, ACCS>(total, acc, s_w[j], s_x + slot * NT, lane);
 
         if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`
             if (whole && kb == KB - 1) {
@@ -292,18 +269,9 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
                 // after the loop (where the loop's registers are free for the shares it reads).
                 settle = tile;
             } else {
-                // Another CTA settles this tile: park the share, then count it in (a release add, fire and forget).
-                // Mid-range the publisher warp does that and the consumers go on at once; at the end of the range
-                // there is nothing else to do.
-                float* p = ws + (i64)c * (TILE_ROWS * NT);  // this is its first tile (see settle_tile)
-#pragma unroll
-                for (int r = 0; r < R; ++r) p[r * CONSUMERS + tid] = total[r];  // [register][thread]: coalesced
-                if (j + 1 < iters) {
-                    named_barrier_arrive(BAR_PUBLISH, CONSUMERS + 32);
-                } else {
-                    named_barrier(BAR_CONSUMERS, CONSUMERS);  // every share stored before the release below
-                    if (tid == 0) red_add_release(&counters[tile], 1);
-                }
+                // Another CTA settles this tile: park the share (this is its first tile, see settle_tile), then count
+                // it in (a release add, fire and forget).
+                park_share<NT, CONSUMERS>(total, ws, counters, c, tile, j + 1 < iters, BAR_PUBLISH, BAR_CONSUMERS);
             }
             if (j + 1 < iters) {
 #pragma unroll
@@ -316,10 +284,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
             ++tile;
         }
         if (++slot == KB) slot = 0;
-        if (++s == stages) {
-            s = 0;
-            phase ^= 1;
-        }
+        ring_next(s, phase, stages);
     }
     if (settle >= 0) {
         // Every other share of the tile counted in: they publish without waiting (above), so this spin never waits

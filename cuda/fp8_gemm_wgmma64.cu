@@ -116,48 +116,36 @@ __global__ void __launch_bounds__(H_THREADS, 2)
             // stages it used take iteration i + tstages's tokens and i + stages's weights.
             const int wpre = min(stages, iters), tpre = min(tstages, iters);
             int wh = first_tile, wk = kb0;  // (half tile, K block) of the next weight copy
-            for (int u = 0; u < wpre; ++u) {
-                mbar_arrive_expect_tx(full_w + 8 * u, H_BYTES);
-                bulk_copy_g2s(wring + u * H_BYTES, half_block(wp, wh, wk, KB), H_BYTES, full_w + 8 * u);
+            int tk = kb0;                   // K block of the next token copy
+            auto load_weights = [&](int st) {  // the next iteration's weights into weight stage st
+                mbar_arrive_expect_tx(full_w + 8 * st, H_BYTES);
+                bulk_copy_g2s(wring + st * H_BYTES, half_block(wp, wh, wk, KB), H_BYTES, full_w + 8 * st);
                 if (++wk == KB) {
                     wk = 0;
                     ++wh;
                 }
-            }
-            pdl_wait();  // tokens and their scales were written by the kernel ahead
-            int tk = kb0;  // K block of the next token copy
-            for (int u = 0; u < tpre; ++u) {
-                mbar_arrive_expect_tx(full_t + 8 * u, t_bytes);
-                tma_load_2d(tring + u * B_BYTES, &xmap, tk * 128, 0, full_t + 8 * u);
-                bulk_copy_g2s(smem_u32(s_x + u * NT), sx + (i64)tk * Mp, 4u * Mp, full_t + 8 * u);
+            };
+            auto load_tokens = [&](int st) {  // the next iteration's tokens and their scales into token stage st
+                mbar_arrive_expect_tx(full_t + 8 * st, t_bytes);
+                tma_load_2d(tring + st * B_BYTES, &xmap, tk * 128, 0, full_t + 8 * st);
+                bulk_copy_g2s(smem_u32(s_x + st * NT), sx + (i64)tk * Mp, 4u * Mp, full_t + 8 * st);
                 if (++tk == KB) tk = 0;
-            }
-            // i: the iteration whose release is awaited; (ts, tph) / (ws, wph): its token / weight stage and phase.
+            };
+            for (int u = 0; u < wpre; ++u) load_weights(u);
+            pdl_wait();  // tokens and their scales were written by the kernel ahead
+            for (int u = 0; u < tpre; ++u) load_tokens(u);
+            // i: the iteration whose release is awaited; (ts, tph) / (wsg, wph): its token / weight stage and phase.
             for (int i = 0, ts = 0, tph = 0, wsg = 0, wph = 0; i + tstages < iters || i + stages < iters; ++i) {
                 if (i + tstages < iters) {
                     mbar_wait(empty_t + 8 * ts, tph);
-                    mbar_arrive_expect_tx(full_t + 8 * ts, t_bytes);
-                    tma_load_2d(tring + ts * B_BYTES, &xmap, tk * 128, 0, full_t + 8 * ts);
-                    bulk_copy_g2s(smem_u32(s_x + ts * NT), sx + (i64)tk * Mp, 4u * Mp, full_t + 8 * ts);
-                    if (++tk == KB) tk = 0;
+                    load_tokens(ts);
                 }
                 if (i + stages < iters) {
                     mbar_wait(empty_w + 8 * wsg, wph);
-                    mbar_arrive_expect_tx(full_w + 8 * wsg, H_BYTES);
-                    bulk_copy_g2s(wring + wsg * H_BYTES, half_block(wp, wh, wk, KB), H_BYTES, full_w + 8 * wsg);
-                    if (++wk == KB) {
-                        wk = 0;
-                        ++wh;
-                    }
+                    load_weights(wsg);
                 }
-                if (++ts == tstages) {
-                    ts = 0;
-                    tph ^= 1;
-                }
-                if (++wsg == stages) {
-                    wsg = 0;
-                    wph ^= 1;
-                }
+                ring_next(ts, tph, tstages);
+                ring_next(wsg, wph, stages);
             }
         }
         return;
@@ -188,30 +176,8 @@ __global__ void __launch_bounds__(H_THREADS, 2)
     for (int j = 0, s = 0, phase = 0, t = 0, tphase = 0; j < iters; ++j) {
         mbar_wait(full_t + 8 * t, tphase);
         mbar_wait(full_w + 8 * s, phase);
-        const unsigned a = wring + s * H_BYTES, b = tring + t * B_BYTES;
-        wgmma_fence();
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-            wgmma_e4m3<NT>(acc[k % ACCS], desc_sw128(a + 32 * k), desc_sw128(b + 32 * k), k >= ACCS);
-        wgmma_commit();
-        wgmma_wait_all();
-#pragma unroll
-        for (int q = 0; q < ACCS; ++q) fence_regs(acc[q]);
-
-        // Promote in FP32: total += acc * sw * sx (per 128-K block, so FP8 rounding never accumulates across blocks).
-        const float swv = s_w[j], *sxb = s_x + t * NT;
-#pragma unroll
-        for (int i = 0; i < NT / 8; ++i) {
-            const int col = 8 * i + 2 * (lane & 3);
-            const float s0 = swv * sxb[col], s1 = swv * sxb[col + 1];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float v = acc[0][4 * i + e];
-#pragma unroll
-                for (int q = 1; q < ACCS; ++q) v += acc[q][4 * i + e];
-                total[4 * i + e] += v * ((e & 1) ? s1 : s0);
-            }
-        }
+        mma_block<NT, ACCS>(acc, wring + s * H_BYTES, tring + t * B_BYTES);
+        promote<NT, ACCS>(total, acc, s_w[j], s_x + t * NT, lane);
         __syncwarp();  // every lane has read the token scales
         if (lane == 0) {  // this warp is done with both stages
             mbar_arrive(empty_w + 8 * s);
@@ -225,15 +191,8 @@ __global__ void __launch_bounds__(H_THREADS, 2)
                 settle = tile;  // its first K block is this CTA's: it sums the tile after the loop
             } else {
                 // Another CTA settles this tile: park the share (this is its first tile), then count it in.
-                float* p = ws + (i64)c * (H_ROWS * NT);
-#pragma unroll
-                for (int r = 0; r < R; ++r) p[r * H_CONSUMERS + tid] = total[r];  // [register][thread]: coalesced
-                if (j + 1 < iters) {
-                    named_barrier_arrive(H_BAR_PUBLISH, H_CONSUMERS + 32);
-                } else {
-                    named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);  // every share stored before the release below
-                    if (tid == 0) red_add_release(&counters[tile], 1);
-                }
+                park_share<NT, H_CONSUMERS>(total, ws, counters, c, tile, j + 1 < iters, H_BAR_PUBLISH,
+                                            H_BAR_CONSUMERS);
             }
             if (j + 1 < iters) {
 #pragma unroll
@@ -245,14 +204,8 @@ __global__ void __launch_bounds__(H_THREADS, 2)
             kb = 0;
             ++tile;
         }
-        if (++s == stages) {
-            s = 0;
-            phase ^= 1;
-        }
-        if (++t == tstages) {
-            t = 0;
-            tphase ^= 1;
-        }
+        ring_next(s, phase, stages);
+        ring_next(t, tphase, tstages);
     }
     if (settle >= 0) {
         // Every other share of the tile counted in (they publish without waiting: this spin never waits on a CTA

@@ -59,6 +59,14 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
 
 // ---- mbarriers and bulk copies (the TMA engine, 1-D: no tensor map needed for contiguous sources)
 
+// Next stage of a ring of n mbarrier-guarded stages: the phase parity a waiter expects flips on each wrap.
+__device__ __forceinline__ void ring_next(int& s, int& phase, int n) {
+    if (++s == n) {
+        s = 0;
+        phase ^= 1;
+    }
+}
+
 __device__ __forceinline__ void mbar_init(unsigned bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }

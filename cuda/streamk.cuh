@@ -1,4 +1,5 @@
-// Stream-K bookkeeping shared by the wgmma GEMMs (fp8_gemm_wgmma.cu: 128-row tiles, two consumer warpgroups;
+// What the wgmma GEMMs share: one block-scaled K block (MMAs and FP32 promotion), and stream-K bookkeeping
+// (fp8_gemm_wgmma.cu: 128-row tiles, two consumer warpgroups;
 // fp8_gemm_wgmma64.cu: 64-row tiles, one): which iterations a CTA streams, who owns an iteration, storing a tile, and
 // (the 128-row kernel; the 64-row one bulk-copies the shares into shared memory instead) settling a tile split over
 // several CTAs by reading the shares from global memory into registers.
@@ -10,6 +11,59 @@
 // always its first tile's, and each CTA parks at most one) and count themselves in with a release add.
 #pragma once
 #include "sm90.cuh"
+
+// One 128-wide K block of a consumer warpgroup: acc = A[64 x 128] * B[NT x 128]^T from the swizzled shared tiles at
+// a and b, in four k32 MMAs spread over ACCS accumulators (fp8_gemm_wgmma.cu says why), waited for.
+template <int NT, int ACCS>
+__device__ __forceinline__ void mma_block(float (&acc)[ACCS][NT / 2], unsigned a, unsigned b) {
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+        wgmma_e4m3<NT>(acc[k % ACCS], desc_sw128(a + 32 * k), desc_sw128(b + 32 * k), k >= ACCS);
+    wgmma_commit();
+    wgmma_wait_all();
+#pragma unroll
+    for (int q = 0; q < ACCS; ++q) fence_regs(acc[q]);
+}
+
+// Promote in FP32: total += acc * sw * sx (per 128-K block, so FP8 rounding never accumulates across blocks), the
+// ACCS accumulators summed outside the tensor core. swv: the block's weight scale; sxb: its NT token scales.
+template <int NT, int ACCS>
+__device__ __forceinline__ void promote(float (&total)[NT / 2], const float (&acc)[ACCS][NT / 2], float swv,
+                                        const float* sxb, int lane) {
+#pragma unroll
+    for (int i = 0; i < NT / 8; ++i) {
+        const int col = 8 * i + 2 * (lane & 3);
+        const float s0 = swv * sxb[col], s1 = swv * sxb[col + 1];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float v = acc[0][4 * i + e];
+#pragma unroll
+            for (int q = 1; q < ACCS; ++q) v += acc[q][4 * i + e];
+            total[4 * i + e] += v * ((e & 1) ? s1 : s0);
+        }
+    }
+}
+
+// A share of `tile` another CTA sums: parked in workspace slot `slot` ([NT / 2 registers][CONS threads], coalesced)
+// and counted in with a release add. Mid-range (more iterations follow) the publisher warp does the add after
+// barrier `bar_publish` and the consumers go on at once; at the end of the range the consumers wait for each
+// other's stores (barrier `bar_consumers`) and thread 0 adds.
+template <int NT, int CONS>
+__device__ __forceinline__ void park_share(const float (&total)[NT / 2], float* __restrict__ ws,
+                                           int* __restrict__ counters, int slot, int tile, bool mid_range,
+                                           int bar_publish, int bar_consumers) {
+    const int tid = threadIdx.x;
+    float* p = ws + (i64)slot * (CONS / 2 * NT);
+#pragma unroll
+    for (int r = 0; r < NT / 2; ++r) p[r * CONS + tid] = total[r];
+    if (mid_range) {
+        named_barrier_arrive(bar_publish, CONS + 32);
+    } else {
+        named_barrier(bar_consumers, CONS);  // every share stored before the release below
+        if (tid == 0) red_add_release(&counters[tile], 1);
+    }
+}
 
 // 64-bit division is a long emulated sequence on the GPU (measured: the ~18 of them a settling CTA used to do cost
 // microseconds on its critical path), so both use 32-bit math whenever the products fit, as for every decode shape.
