@@ -58,12 +58,10 @@ __global__ void __launch_bounds__(H_THREADS, 2)
                      int tstages, int slots) {
     constexpr int B_BYTES = NT * 128;          // one K block of tokens: a multiple of 1 KB (swizzle atoms stay aligned)
     constexpr int R = NT / 2;                  // accumulator registers per thread
-    // SETS accumulator sets: with two, one K block's MMAs run while the block before is promoted (the loop is then
-    // not bound by the tensor core's latency); NT = 128 has registers for one. Each set holds a K block's four k32
-    // steps in ACCS separate tensor-core accumulators summed in FP32 (see fp8_gemm_wgmma.cu), as many as 168
-    // registers hold next to the FP32 total: one at NT = 64, so its FP32 promotion is every 128 products, as for
-    // NT = 128.
-    constexpr int SETS = NT <= 64 ? 2 : 1;
+    // Tensor-core accumulators per K block, summed in FP32 (see fp8_gemm_wgmma.cu). Fewer than the 128-row kernel
+    // keeps: measured (bench/probes/gemm64_pipe.py), each accumulator more is registers and FP32 adds on the loop's
+    // critical path (wqkv at 32 tokens: 4 -> 2 accumulators 8.1 -> 7.6 us), and from 64 tokens one per block, FP32
+    // promotion every 128 products, is within the parity tests' bounds as it is for the 128-row kernel at 128.
     constexpr int ACCS = NT <= 16 ? 4 : (NT == 32 ? 2 : 1);
     constexpr int SHARE_BYTES = H_ROWS * NT * 4;  // one parked FP32 share
     extern __shared__ unsigned char smem_raw[];
@@ -166,36 +164,28 @@ __global__ void __launch_bounds__(H_THREADS, 2)
     cp_async_wait<0>();
     named_barrier(H_BAR_READY, H_CONSUMERS + 32);  // stage barriers initialized, every weight scale landed
 
-    float total[R], acc[SETS][ACCS][R];
+    float total[R], acc[ACCS][R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         total[r] = 0.f;
 #pragma unroll
-        for (int p = 0; p < SETS; ++p)
-#pragma unroll
-            for (int q = 0; q < ACCS; ++q) acc[p][q][r] = 0.f;
+        for (int q = 0; q < ACCS; ++q) acc[q][r] = 0.f;
     }
 
     int tile = first_tile, kb = kb0, settle = -1;
     bool whole = kb == 0;  // the segment being accumulated started at the tile's first K block
-    // Iteration j: weight stage s = j % stages (phase j / stages & 1), token stage t = j % tstages (phase
-    // j / tstages & 1).
-    int j = 0, s = 0, phase = 0, t = 0, tphase = 0;
-    auto issue = [&](float (&a)[ACCS][R], int ws_, int wph, int ts_, int tph) {  // wait for the stages, start MMAs
-        mbar_wait(full_t + 8 * ts_, tph);
-        mbar_wait(full_w + 8 * ws_, wph);
-        mma_issue<NT, ACCS>(a, wring + ws_ * H_BYTES, tring + ts_ * B_BYTES);
-    };
-    // Iteration j's MMAs are done (in `a`): promote them, hand both stages back, close the tile segment if it ends.
-    auto retire = [&](float (&a)[ACCS][R]) {
-#pragma unroll
-        for (int q = 0; q < ACCS; ++q) fence_regs(a[q]);
-        promote<NT, ACCS>(total, a, s_w[j], s_x + t * NT, lane);
+    // weight stage s = j % stages (phase j / stages & 1), token stage t = j % tstages (phase j / tstages & 1)
+    for (int j = 0, s = 0, phase = 0, t = 0, tphase = 0; j < iters; ++j) {
+        mbar_wait(full_t + 8 * t, tphase);
+        mbar_wait(full_w + 8 * s, phase);
+        mma_block<NT, ACCS>(acc, wring + s * H_BYTES, tring + t * B_BYTES);
+        promote<NT, ACCS>(total, acc, s_w[j], s_x + t * NT, lane);
         __syncwarp();  // every lane has read the token scales
         if (lane == 0) {  // this warp is done with both stages
             mbar_arrive(empty_w + 8 * s);
             mbar_arrive(empty_t + 8 * t);
         }
+
         if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`
             if (whole && kb == KB - 1) {
                 store_tile<NT>(total, y, tile * H_ROWS, M, N);
@@ -216,37 +206,8 @@ __global__ void __launch_bounds__(H_THREADS, 2)
             kb = 0;
             ++tile;
         }
-        ++j;
         ring_next(s, phase, stages);
         ring_next(t, tphase, tstages);
-    };
-    if constexpr (SETS == 1) {
-        while (j < iters) {
-            issue(acc[0], s, phase, t, tphase);
-            wgmma_wait<0>();
-            retire(acc[0]);
-        }
-    } else {
-        // Iteration j + 1's MMAs run while j is promoted: the tensor core's latency leaves the critical path. (j + 1
-        // is awaited before j's stages are handed back: two stages of each ring at least, or this would deadlock.)
-        // cur holds iteration j's MMAs (issued), nxt takes j + 1's.
-        auto step = [&](float (&cur)[ACCS][R], float (&nxt)[ACCS][R]) {
-            if (j + 1 < iters) {
-                int s1 = s, ph1 = phase, t1 = t, tph1 = tphase;
-                ring_next(s1, ph1, stages);
-                ring_next(t1, tph1, tstages);
-                issue(nxt, s1, ph1, t1, tph1);
-                wgmma_wait<1>();  // every group but j + 1's: j's
-            } else {
-                wgmma_wait<0>();
-            }
-            retire(cur);
-        };
-        if (iters > 0) issue(acc[0], 0, 0, 0, 0);
-        while (j < iters) {
-            step(acc[0], acc[SETS - 1]);
-            if (j < iters) step(acc[SETS - 1], acc[0]);
-        }
     }
     if (settle >= 0) {
         // Every other share of the tile counted in (they publish without waiting: this spin never waits on a CTA

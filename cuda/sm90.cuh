@@ -49,9 +49,6 @@ __device__ __forceinline__ unsigned sw128_offset(int r, int c) { return r * 128 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-// Until at most N committed MMA groups of this warpgroup are still running (N = 1: all but the latest).
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
 
 // Keeps the compiler from touching accumulator registers across the asynchronous MMA.
 template <int R>

@@ -13,21 +13,14 @@
 #include "sm90.cuh"
 
 // One 128-wide K block of a consumer warpgroup: acc = A[64 x 128] * B[NT x 128]^T from the swizzled shared tiles at
-// a and b, in four k32 MMAs spread over ACCS accumulators (fp8_gemm_wgmma.cu says why), issued as one commit group
-// and not waited for: acc must not be touched before wgmma_wait and fence_regs.
+// a and b, in four k32 MMAs spread over ACCS accumulators (fp8_gemm_wgmma.cu says why), waited for.
 template <int NT, int ACCS>
-__device__ __forceinline__ void mma_issue(float (&acc)[ACCS][NT / 2], unsigned a, unsigned b) {
+__device__ __forceinline__ void mma_block(float (&acc)[ACCS][NT / 2], unsigned a, unsigned b) {
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < 4; ++k)
         wgmma_e4m3<NT>(acc[k % ACCS], desc_sw128(a + 32 * k), desc_sw128(b + 32 * k), k >= ACCS);
     wgmma_commit();
-}
-
-// The same, waited for.
-template <int NT, int ACCS>
-__device__ __forceinline__ void mma_block(float (&acc)[ACCS][NT / 2], unsigned a, unsigned b) {
-    mma_issue<NT, ACCS>(acc, a, b);
     wgmma_wait_all();
 #pragma unroll
     for (int q = 0; q < ACCS; ++q) fence_regs(acc[q]);

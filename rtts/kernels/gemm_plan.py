@@ -42,7 +42,7 @@ _MAX_GRID_PER_SM = 4  # stream-K scratch is sized for this many CTAs per SM
 
 # 64-row kernel (cuda/fp8_gemm_wgmma64.cu) for 17-128 tokens: one consumer warpgroup per 64-row half tile, tokens
 # streamed through the ring by tensor-map TMA, two CTAs per SM.
-_H_NT = (8, 16, 32, 64, 128)
+_H_NT = (32, 64, 128)
 _H_ROWS = 64
 _H_BYTES = _H_ROWS * 128
 _H_THREADS = 128 + 64
@@ -173,12 +173,6 @@ def wgmma64_smem_bytes(nt: int, stages: int, tstages: int, iters: int, slots: in
 
 
 @functools.cache
-def h_min_stages(nt: int) -> int:
-    """Fewest stages per ring of the 64-row kernel: up to 64 tokens it awaits a K block's stages before handing the
-    previous block's back (two accumulator sets, cuda/fp8_gemm_wgmma64.cu), so each ring needs two."""
-    return 2 if nt <= 64 else 1
-
-
 def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, grid: int | None = None) -> WgmmaPlan:
     """The 64-row kernel's plan for 17-128 tokens: the smallest token tile of _H_NT holding M; global stream-K of
     the T = N/64 * K/128 half-block iterations over min(T, sms) CTAs, so a second CTA (the next GEMM's, under PDL)
@@ -196,11 +190,10 @@ def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, gr
     ts = _H_TOKEN_STAGES if nt <= 64 else _H_TOKEN_STAGES - 1
     room = _SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, 0, ts, iters)
     st = min(_H_MAX_STAGES, room // (_H_BYTES + 16))
-    lo = h_min_stages(nt)
-    if st < lo:
+    if st < 1:
         raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K}: {iters} iterations per CTA leave no room")
     if stages is not None:
-        st = max(lo, min(st, stages))
+        st = max(1, min(st, stages))
     # A settling CTA reads the other shares of its tile (at most ceil((KB - 1) / (iters - 1)) of them) in batches of
     # `slots`: as many as half an SM's shared memory holds in the ring region (at least one: the ring is longer).
     share = _H_ROWS * nt * 4
