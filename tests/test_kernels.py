@@ -198,13 +198,15 @@ def test_wgmma64_plan_fits_two_ctas_per_sm() -> None:
             assert p.grid == (264 if T >= 20 * 132 else 198 if T >= 12 * 132 else min(T, 132))
             assert p.iters == math.ceil(T / p.grid)
             assert p.stages == 4 and p.tstages in (3, 4)
-            assert p.smem == kernels.wgmma64_smem_bytes(p.nt, p.stages, p.tstages, p.iters, p.slots)
-            # A settling CTA's share buffers: at least one, never more than the other shares it can have to read.
             KB = K // 128
+            bound = kernels.h_max_sharers(T, p.grid, KB)
+            assert p.smem == kernels.wgmma64_smem_bytes(p.nt, p.stages, p.tstages, p.iters, p.slots, bound)
+            # A settling CTA's share buffers: at least one, never more than the other shares it can have to read
+            # (the bound the kernel sizes its flag array with holds on every tile).
             sharers = max(unit_owner(t * KB + KB - 1, T, p.grid) - unit_owner(t * KB, T, p.grid) + 1
                           for t in range(N // 64))
-            assert sharers - 1 <= math.ceil((KB - 1) / max(1, p.iters - 1))  # the planner's bound
-            assert 1 <= p.slots <= max(1, math.ceil((KB - 1) / max(1, p.iters - 1)))
+            assert sharers - 1 <= bound
+            assert 1 <= p.slots <= max(1, bound) and p.slots <= 32
             assert 2 * (p.smem + 1024 + 64) <= 228 * 1024
             assert kernels.scratch_fits(p, N, 132)
             assert kernels.wgmma64_plan(M, N, K, sms=132, stages=2).stages == 2
@@ -324,6 +326,32 @@ def test_fp8_gemm_stream_k_is_deterministic_and_resets(stages: int, M: int, rows
     assert (first.float() - r).abs().max() / r.abs().max() < 1e-2
     sk = kernels._streamk(torch.device("cuda"), kernels._sm_count(0))
     assert int(sk.counters.abs().sum()) == 0
+
+
+@GPU
+def test_fp8_gemm_64_rows_flagged_shares_never_go_stale() -> None:
+    """The 64-row kernel's shares carry their writer's slot epoch: plans of other shapes and token counts rewrite the
+    same slots in between (and a settling CTA may copy a share before its writer is done), yet every call sums only
+    its own launch's shares: the same bits as its first call, and the product."""
+    if not kernels._use_wgmma(torch.device("cuda")):
+        pytest.skip("no wgmma on this GPU")
+    cases = []
+    for i, (M, N, K) in enumerate([(40, 2560, 9728), (64, 6144, 2560), (17, 2560, 4096), (128, 19456, 2560),
+                                   (33, 128, 16384)]):
+        x, w = _x(M, K, seed=20 + i, device="cuda"), _x(N, K, scale=0.05, seed=40 + i, device="cuda")
+        wq, sw = ref.quantize_weight(w)
+        xq, sx = ref.quantize_1x128(x)
+        wp = kernels.pack_weight(wq)
+        assert kernels._plan(M, N, K, 0, cluster=1, rows=64).rows == 64
+        first = kernels._fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1, rows=64)
+        r = ref.fp8_gemm(xq, sx, wq, sw).float()
+        assert (first.float() - r).abs().max() / r.abs().max() < 1e-2, (M, N, K)
+        cases.append((xq, sx, wp, sw, first))
+    for _ in range(4):
+        for xq, sx, wp, sw, first in cases:
+            assert torch.equal(kernels._fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1, rows=64), first)
+    sk = kernels._streamk(torch.device("cuda"), kernels._sm_count(0))
+    assert int((sk.epochs != 0).sum()) > 0  # slots were parked in and consumed
 
 
 @GPU
