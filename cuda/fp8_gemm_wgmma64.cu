@@ -238,10 +238,19 @@ __global__ void __launch_bounds__(H_THREADS, 2)
         // ring region: copied, flags checked, the incomplete ones copied again until every flag is this launch's;
         // then summed in CTA order (the same bits on every launch).
         if (tid < want) s_flag[tid] = their_epoch + 1u;
+        named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);  // the flags are in shared memory
         const unsigned char* buf = smem;
         for (int b0 = 0, ph = 0; b0 < want; b0 += slots) {
             const int nb = min(slots, want - b0);
             unsigned todo = nb >= 32 ? ~0u : (1u << nb) - 1u;
+            // Thread k waits for share k's last word (its writer's last store): one word per share polled, not the
+            // whole share copied again and again while its writer still runs.
+            if (tid < nb) {
+                const unsigned* last =
+                    reinterpret_cast<const unsigned*>(ws + (i64)(c + 1 + b0 + tid) * SHARE_WORDS + SHARE_WORDS - 1) + 1;
+                while (load_relaxed(last) != s_flag[b0 + tid]) {
+                }
+            }
             // Every consumer warp is past its last MMA on the ring (first batch) or done summing the last batch.
             named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);
             while (todo) {
