@@ -10,7 +10,8 @@ graph of calls, weights rotated past the L2) on the S2-Pro linears at 32 and 64 
 Then ring depths the planner does not make (weight stages x token stages, beyond half an SM's shared memory too)
 at 64 tokens and grids of 1, 1.5 (the planner's, where it is) and 2 CTAs per SM.
 
-    python bench/probes/gemm64_bounds.py OUT_DIR [layer names]    # on the GPU machine, from the repository root
+    # on the GPU machine, from the repository root:
+    python bench/probes/gemm64_bounds.py OUT_DIR [layer names] [variant names] [--sweep]
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "no_mma": [NO_MMA],
     "wt_once_no_mma": [W_ONCE, T_ONCE, NO_MMA],
     "no_settle": [("    if (settle >= 0) {", "    if (settle >= 0 && M < 0) {")],
+    # the flagged shares: writers fence after parking; the settler trusts its first copy (no flag check)
+    "park_fence": [("                                     flagged(total[r + 1], flag));\n",
+                    "                                     flagged(total[r + 1], flag));\n"
+                    "                asm volatile(\"fence.acq_rel.gpu;\" ::: \"memory\");\n")],
+    "no_check": [("                        ok &= v.y == want_flag && v.w == want_flag;\n", "")],
+    "no_poll": [("                while (load_relaxed(last) != s_flag[b0 + tid]) {\n", "                if (0) {\n")],
 }
 ORIGINAL = _jit.source
 
@@ -58,6 +65,8 @@ def main() -> None:
     kernels.warmup(dev)
     sms = kernels._sm_count(0)
     layers = [g for g in S2_GEMMS if g[0] in sys.argv[2:]] or S2_GEMMS
+    only = [a for a in sys.argv[2:] if a in VARIANTS]
+    sweep = "--sweep" in sys.argv
     cases = []
     for name, N, K in layers:
         R = copies_for(N * K)
@@ -80,13 +89,15 @@ def main() -> None:
 
     for variant, edits in VARIANTS.items():
         ablation = variant not in ("base", "acc_old", "acc1")
+        if only and variant not in only:
+            continue
         ms = (64,) if ablation else (32, 64)
         use(edits, tuple(f"fp8_gemm_wgmma64<{n}>" for n in ((64,) if ablation else (32, 64))))
         for name, N, K, R, packed, xs in cases:
             for M in ms:
                 time(f"{variant} {name} M={M}", kernels.wgmma64_plan(M, N, K, sms), R, packed, xs[M])
     use([], ("fp8_gemm_wgmma64<64>",))
-    for name, N, K, R, packed, xs in cases:
+    for name, N, K, R, packed, xs in cases if sweep else []:
         base = kernels.wgmma64_plan(64, N, K, sms)
         for grid in sorted({base.grid, sms, 2 * sms}):
             for st, ts in ((2, 2), (4, 2), (2, 4), (4, 6), (4, 8), (6, 4), (6, 6), (8, 8), (10, 4), (10, 8)):
