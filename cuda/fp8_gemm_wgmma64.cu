@@ -13,30 +13,24 @@
 //     scales (written by the kernel ahead) come after it (separate rings let the host size them apart; measured,
 //     weight rings deeper than four stages were no faster). Tokens are a tensor-map TMA load (kernels.launch_wgmma):
 //     the copy engine applies the 128-byte swizzle the wgmma descriptor reads and zero-fills the rows past M;
-//   - 160 threads (a consumer warpgroup and a producer warp) and under half an SM's shared memory (host plan): two
-//     CTAs per SM. Short layers run one CTA per SM, so under PDL the next GEMM
+//   - 192 threads (a consumer warpgroup, a producer warp, a publisher warp), at most 168 registers and under half an
+//     SM's shared memory (host plan): two CTAs per SM. Short layers run one CTA per SM, so under PDL the next GEMM
 //     becomes resident and fills its weight ring while this one finishes; long ones (gate|up, w2) two of their own
 //     (kernels.wgmma64_plan: the one consumer warpgroup, not the ring, bounds a lone CTA's stream);
-//   - a split tile's shares are flagged: every FP32 value travels with a 32-bit flag in one 64-bit word (64 x NT
-//     words, 32 KB at 64 tokens), stored relaxed, with no fence, barrier or counter. The CTA summing the tile
-//     bulk-copies the other shares into its then free ring region, `slots` at a time, checks every flag, copies again
-//     the shares not complete yet, and sums them from shared memory. Measured (bench/probes/gemm64_bounds.py), the
-//     counted protocol before (stores, release add, acquire spin, then the copy: three L2 round trips in a row
-//     after the last sharer's loop) was 1.7 us of wo's 7.7 at 64 tokens, 2.7 of w2's 12.2.
-//     A flag is its writer's slot epoch + 1: slot c is written only by CTA c and summed by one CTA per launch,
-//     which then advances epochs[c]; both read epochs[c] after griddepcontrol.wait, before any advance, so a share
-//     left from an earlier launch (or never written: zeros) can never pass for this launch's.
+//   - a split tile's shares are 64 x NT floats (16 KB at 64 tokens), and the CTA summing a tile bulk-copies the
+//     others into its then free ring region, `slots` at a time, and sums them from shared memory (one L2 round trip
+//     for all of them where they fit, instead of one per pair read into registers).
 // The stream-K split, who settles which tile, the summation order (determinism) and the deadlock argument are those
-// of fp8_gemm_wgmma.cu (streamk.cuh), over T = N/64 * K/128 iterations (here nobody waits for a count: a settling
-// CTA waits only for shares whose writers never wait).
+// of fp8_gemm_wgmma.cu (streamk.cuh), over T = N/64 * K/128 iterations.
 #include "streamk.cuh"
 
 #define H_ROWS 64            // weight rows per iteration (half a packed block)
 #define H_BYTES 8192         // their bytes
 #define H_CONSUMERS 128      // one warpgroup
-#define H_THREADS (H_CONSUMERS + 32)
-#define H_BAR_READY 1        // producer warp -> consumers: stage barriers initialized (H_THREADS threads)
-#define H_BAR_CONSUMERS 2    // the consumer warpgroup
+#define H_THREADS (H_CONSUMERS + 64)
+#define H_BAR_READY 1        // producer warp -> consumers: stage barriers initialized (H_CONSUMERS + 32 threads)
+#define H_BAR_PUBLISH 2      // consumers -> publisher warp: the first tile's share is parked (H_CONSUMERS + 32)
+#define H_BAR_CONSUMERS 3    // the consumer warpgroup
 
 // u / KB and u % KB in 32-bit arithmetic whenever u fits (always, for decode shapes): 64-bit division is emulated.
 __device__ __forceinline__ void split_unit(i64 u, int KB, int& tile, int& kb) {
@@ -49,40 +43,27 @@ __device__ __forceinline__ void split_unit(i64 u, int KB, int& tile, int& kb) {
     }
 }
 
-// The most CTAs after the first sharing a tile (whose first K block is the first's): each holds at least
-// floor(T / C) of its KB blocks. The host's shared-memory plan uses the same bound (kernels.wgmma64_smem_bytes).
-__device__ __forceinline__ int max_sharers(i64 T, int C, int KB) {
-    const int least = (int)max((i64)1, T / C);
-    return (KB - 1 + least - 1) / least;
-}
-
-// A value and its flag as one 64-bit word (the flag in the high half), and the shares' layout: thread t's register
-// r at word (r / 2) * 256 + 2t + r % 2 of its 64 * NT (stores and copies of 16 contiguous bytes per thread).
-__device__ __forceinline__ u64 flagged(float v, unsigned flag) { return ((u64)flag << 32) | __float_as_uint(v); }
-
 // Half tile h, K block kb of the packed weights [N/128][K/128][128 rows][128 bytes].
 __device__ __forceinline__ const fp8_t* half_block(const fp8_t* wp, int h, int kb, int KB) {
     return wp + ((i64)(h >> 1) * KB + kb) * (2 * H_BYTES) + (h & 1) * H_BYTES;
 }
 
 // xmap: tensor map over x fp8 [M, K] (box 128 x NT rows, 128-byte swizzle, kernels.launch_wgmma). Two rings:
-// `stages` weight stages (8 KB each) and `tstages` token stages (NT x 128 tokens and their NT scales). ws: one
-// flagged share slot of 64 * NT words per CTA; epochs: one per slot (both per stream, zeroed once, never reset).
+// `stages` weight stages (8 KB each) and `tstages` token stages (NT x 128 tokens and their NT scales).
 template <int NT>
 __global__ void __launch_bounds__(H_THREADS, 2)
     fp8_gemm_wgmma64(const __grid_constant__ TensorMap xmap, const float* __restrict__ sx,
                      const fp8_t* __restrict__ wp, const float* __restrict__ sw, bf16_t* __restrict__ y,
-                     u64* __restrict__ ws, unsigned* __restrict__ epochs, int M, int N, int K, int Mp, int stages,
+                     float* __restrict__ ws, int* __restrict__ counters, int M, int N, int K, int Mp, int stages,
                      int tstages, int slots) {
     constexpr int B_BYTES = NT * 128;          // one K block of tokens: a multiple of 1 KB (swizzle atoms stay aligned)
     constexpr int R = NT / 2;                  // accumulator registers per thread
     // Tensor-core accumulators per K block, summed in FP32 (see fp8_gemm_wgmma.cu). Fewer than the 128-row kernel
-    // keeps: measured (bench/probes/gemm64_pipe.py), each accumulator more is registers and FP32 adds on the loop's
+    // keeps: measured (bench/probes/gemm64_bounds.py), each accumulator more is registers and FP32 adds on the loop's
     // critical path (wqkv at 32 tokens: 4 -> 2 accumulators 8.1 -> 7.6 us), and from 64 tokens one per block, FP32
     // promotion every 128 products, is within the parity tests' bounds as it is for the 128-row kernel at 128.
     constexpr int ACCS = NT <= 16 ? 4 : (NT == 32 ? 2 : 1);
-    constexpr int SHARE_WORDS = H_ROWS * NT;           // one flagged share
-    constexpr int SHARE_BYTES = SHARE_WORDS * 8;
+    constexpr int SHARE_BYTES = H_ROWS * NT * 4;  // one parked FP32 share
     extern __shared__ unsigned char smem_raw[];
     const unsigned raw = smem_u32(smem_raw);
     unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
@@ -94,26 +75,27 @@ __global__ void __launch_bounds__(H_THREADS, 2)
     const int iters = (int)(unit_begin(c + 1, T, C) - it0);
     int first_tile, kb0;
     split_unit(it0, KB, first_tile, kb0);
-    // The tile this CTA sums after its loop, if any: its range ends inside a tile whose first K block it holds.
-    int last_tile, last_kb;
-    split_unit(it0 + iters - 1, KB, last_tile, last_kb);
-    const int settle = iters > 0 && last_kb != KB - 1 && (i64)last_tile * KB >= it0 ? last_tile : -1;
-    const int want = settle >= 0 ? unit_owner((i64)settle * KB + KB - 1, T, C) - c : 0;  // shares of c + 1 ...
     // Layout: ring region = [stages][8 KB weights] | [tstages][NT x 128 tokens], after the loop reused for `slots`
     // shares being summed (at least as long as either) | [tstages][NT] token scales | [iters] weight scales |
-    // [max_sharers] the shares' flags | [4] a warp OR | mbarriers full_w[stages], empty_w[stages],
-    // full_t[tstages], empty_t[tstages], settle
+    // mbarriers full_w[stages], empty_w[stages], full_t[tstages], empty_t[tstages], settle
     const int region = max(stages * H_BYTES + tstages * B_BYTES, slots * SHARE_BYTES);
     const unsigned wring = smem_u32(smem), tring = wring + stages * H_BYTES;
     float* s_x = reinterpret_cast<float*>(smem + region);
     float* s_w = s_x + tstages * NT;  // iteration j's weight scale
-    unsigned* s_flag = reinterpret_cast<unsigned*>(s_w + iters);
-    unsigned* s_or = s_flag + max_sharers(T, C, KB);
-    const unsigned full_w = (smem_u32(s_or + 4) + 7u) & ~7u, empty_w = full_w + 8 * stages;
+    const unsigned full_w = (smem_u32(s_w + iters) + 7u) & ~7u, empty_w = full_w + 8 * stages;
     const unsigned full_t = empty_w + 8 * stages, empty_t = full_t + 8 * tstages;
     const unsigned settle_bar = empty_t + 8 * tstages;
 
     pdl_launch_dependents();
+    // A first tile shared with earlier CTAs and finished before this CTA's range ends is published mid-range.
+    const bool mid_publish = kb0 != 0 && it0 + iters > (i64)(first_tile + 1) * KB;
+    if (tid >= H_CONSUMERS + 32) {  // ---- publisher warp
+        if (mid_publish) {
+            named_barrier(H_BAR_PUBLISH, H_CONSUMERS + 32);  // the consumers' stores are ordered before this
+            if (tid == H_CONSUMERS + 32) red_add_release(&counters[first_tile], 1);
+        }
+        return;
+    }
     if (tid >= H_CONSUMERS) {  // ---- producer warp: one thread streams weights, tokens and token scales
         if (tid == H_CONSUMERS) {
             for (int s = 0; s < stages; ++s) {
@@ -128,7 +110,7 @@ __global__ void __launch_bounds__(H_THREADS, 2)
             fence_proxy_async();  // the inits are visible to the TMA engine (async proxy)
         }
         __syncwarp();
-        named_barrier_arrive(H_BAR_READY, H_THREADS);
+        named_barrier_arrive(H_BAR_READY, H_CONSUMERS + 32);
         if (tid == H_CONSUMERS) {
             const unsigned t_bytes = B_BYTES + 4u * Mp;
             // Iteration u's weights go to stage u % stages, its tokens to u % tstages. The weights the ring holds
@@ -179,12 +161,8 @@ __global__ void __launch_bounds__(H_THREADS, 2)
     }
     cp_async_commit();
     pdl_wait();  // every global write below comes after the kernel ahead (it may still read y or the scratch)
-    // Epochs, read now and used after the loop (the loads stay in flight meanwhile): this CTA's own, if it parks its
-    // first tile's share, and thread k's of sharer c + 1 + k of the tile it sums.
-    const unsigned own_epoch = kb0 != 0 ? load_relaxed(epochs + c) : 0u;
-    const unsigned their_epoch = tid < want ? load_relaxed(epochs + c + 1 + tid) : 0u;
     cp_async_wait<0>();
-    named_barrier(H_BAR_READY, H_THREADS);  // stage barriers initialized, every weight scale landed
+    named_barrier(H_BAR_READY, H_CONSUMERS + 32);  // stage barriers initialized, every weight scale landed
 
     float total[R], acc[ACCS][R];
 #pragma unroll
@@ -194,7 +172,7 @@ __global__ void __launch_bounds__(H_THREADS, 2)
         for (int q = 0; q < ACCS; ++q) acc[q][r] = 0.f;
     }
 
-    int tile = first_tile, kb = kb0;
+    int tile = first_tile, kb = kb0, settle = -1;
     bool whole = kb == 0;  // the segment being accumulated started at the tile's first K block
     // weight stage s = j % stages (phase j / stages & 1), token stage t = j % tstages (phase j / tstages & 1)
     for (int j = 0, s = 0, phase = 0, t = 0, tphase = 0; j < iters; ++j) {
@@ -211,15 +189,13 @@ __global__ void __launch_bounds__(H_THREADS, 2)
         if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`
             if (whole && kb == KB - 1) {
                 store_tile<NT>(total, y, tile * H_ROWS, M, N);
-            } else if (!whole) {
-                // Another CTA sums this tile (this CTA's first): park the flagged share and go on.
-                u64* p = ws + (i64)c * SHARE_WORDS + 2 * tid;
-                const unsigned flag = own_epoch + 1u;
-#pragma unroll
-                for (int r = 0; r < R; r += 2)
-                    store_relaxed_v2(p + (r / 2) * (2 * H_CONSUMERS), flagged(total[r], flag),
-                                     flagged(total[r + 1], flag));
-            }  // else: this CTA sums the tile (`settle`) after the loop
+            } else if (whole) {
+                settle = tile;  // its first K block is this CTA's: it sums the tile after the loop
+            } else {
+                // Another CTA settles this tile: park the share (this is its first tile), then count it in.
+                park_share<NT, H_CONSUMERS>(total, ws, counters, c, tile, j + 1 < iters, H_BAR_PUBLISH,
+                                            H_BAR_CONSUMERS);
+            }
             if (j + 1 < iters) {
 #pragma unroll
                 for (int r = 0; r < R; ++r) total[r] = 0.f;
@@ -234,66 +210,33 @@ __global__ void __launch_bounds__(H_THREADS, 2)
         ring_next(t, tphase, tstages);
     }
     if (settle >= 0) {
-        // Shares of CTAs c + 1 ... c + want (whose writers never wait: no deadlock), `slots` at a time into the free
-        // ring region: copied, flags checked, the incomplete ones copied again until every flag is this launch's;
-        // then summed in CTA order (the same bits on every launch).
-        if (tid < want) s_flag[tid] = their_epoch + 1u;
-        named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);  // the flags are in shared memory
-        const unsigned char* buf = smem;
-        for (int b0 = 0, ph = 0; b0 < want; b0 += slots) {
+        // Every other share of the tile counted in (they publish without waiting: this spin never waits on a CTA
+        // that waits). Then the shares are bulk-copied into the free ring region, `slots` at a time: one L2 round
+        // trip for all of them instead of one per pair of shares read into registers (measured, bench/results/
+        // traces: 2-4 us of tail while the next GEMM streams), and summed in CTA order from shared memory.
+        const int c_hi = unit_owner((i64)settle * KB + KB - 1, T, C), want = c_hi - c;
+        if (tid == 0)
+            while (load_acquire(&counters[settle]) < want) {
+            }
+        for (int b0 = 0, ph = 0; b0 < want; b0 += slots, ph ^= 1) {
             const int nb = min(slots, want - b0);
-            unsigned todo = nb >= 32 ? ~0u : (1u << nb) - 1u;
-            // Thread k waits for share k's last word (its writer's last store): one word per share polled, not the
-            // whole share copied again and again while its writer still runs.
-            if (tid < nb) {
-                const unsigned* last =
-                    reinterpret_cast<const unsigned*>(ws + (i64)(c + 1 + b0 + tid) * SHARE_WORDS + SHARE_WORDS - 1) + 1;
-                while (load_relaxed(last) != s_flag[b0 + tid]) {
-                }
-            }
-            // Every consumer warp is past its last MMA on the ring (first batch) or done summing the last batch.
+            // Every consumer warp is past its last MMA on the ring (first batch) or done reading the last batch.
             named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);
-            while (todo) {
-                if (tid == 0) {
-                    mbar_arrive_expect_tx(settle_bar, (unsigned)(__popc(todo) * SHARE_BYTES));
-                    for (int k = 0; k < nb; ++k)
-                        if (todo >> k & 1u)
-                            bulk_copy_g2s(wring + k * SHARE_BYTES, ws + (i64)(c + 1 + b0 + k) * SHARE_WORDS,
-                                          SHARE_BYTES, settle_bar);
-                }
-                mbar_wait(settle_bar, ph);
-                ph ^= 1;
-                unsigned bad = 0;
-                for (int k = 0; k < nb; ++k) {
-                    if (!(todo >> k & 1u)) continue;
-                    const unsigned want_flag = s_flag[b0 + k];
-                    const uint4* q = reinterpret_cast<const uint4*>(buf + k * SHARE_BYTES) + tid;
-                    bool ok = true;
-#pragma unroll
-                    for (int r = 0; r < R; r += 2) {
-                        const uint4 v = q[(r / 2) * H_CONSUMERS];
-                        ok &= v.y == want_flag && v.w == want_flag;
-                    }
-                    if (!ok) bad |= 1u << k;
-                }
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) bad |= __shfl_xor_sync(0xffffffffu, bad, o);
-                if (lane == 0) s_or[tid >> 5] = bad;
-                named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);  // also: every thread is done reading the copies
-                todo = s_or[0] | s_or[1] | s_or[2] | s_or[3];
-                named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);  // s_or read before the next round writes it
+            if (tid == 0) {
+                fence_proxy_async_global();  // the shares acquired above, before the copy engine reads them
+                mbar_arrive_expect_tx(settle_bar, (unsigned)(nb * SHARE_BYTES));
+                for (int k = 0; k < nb; ++k)
+                    bulk_copy_g2s(wring + k * SHARE_BYTES, ws + (i64)(c + 1 + b0 + k) * (H_ROWS * NT), SHARE_BYTES,
+                                  settle_bar);
             }
+            mbar_wait(settle_bar, ph);
+            const float* buf = reinterpret_cast<const float*>(smem);
             for (int k = 0; k < nb; ++k) {
-                const uint4* q = reinterpret_cast<const uint4*>(buf + k * SHARE_BYTES) + tid;
 #pragma unroll
-                for (int r = 0; r < R; r += 2) {
-                    const uint4 v = q[(r / 2) * H_CONSUMERS];
-                    total[r] += __uint_as_float(v.x);
-                    total[r + 1] += __uint_as_float(v.z);
-                }
+                for (int r = 0; r < R; ++r) total[r] += buf[k * (H_ROWS * NT) + r * H_CONSUMERS + tid];
             }
         }
         store_tile<NT>(total, y, settle * H_ROWS, M, N);
-        if (tid < want) store_relaxed(epochs + c + 1 + tid, their_epoch + 1u);  // those shares are consumed
+        if (tid == 0) counters[settle] = 0;  // ready for the next launch (graph replays included)
     }
 }

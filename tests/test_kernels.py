@@ -198,15 +198,13 @@ def test_wgmma64_plan_fits_two_ctas_per_sm() -> None:
             assert p.grid == (264 if T >= 20 * 132 else 198 if T >= 12 * 132 else min(T, 132))
             assert p.iters == math.ceil(T / p.grid)
             assert p.stages == 4 and p.tstages in (3, 4)
+            assert p.smem == kernels.wgmma64_smem_bytes(p.nt, p.stages, p.tstages, p.iters, p.slots)
+            # A settling CTA's share buffers: at least one, never more than the other shares it can have to read.
             KB = K // 128
-            bound = kernels.h_max_sharers(T, p.grid, KB)
-            assert p.smem == kernels.wgmma64_smem_bytes(p.nt, p.stages, p.tstages, p.iters, p.slots, bound)
-            # A settling CTA's share buffers: at least one, never more than the other shares it can have to read
-            # (the bound the kernel sizes its flag array with holds on every tile).
             sharers = max(unit_owner(t * KB + KB - 1, T, p.grid) - unit_owner(t * KB, T, p.grid) + 1
                           for t in range(N // 64))
-            assert sharers - 1 <= bound
-            assert 1 <= p.slots <= max(1, bound) and p.slots <= 32
+            assert sharers - 1 <= math.ceil((KB - 1) / max(1, p.iters - 1))  # the planner's bound
+            assert 1 <= p.slots <= max(1, math.ceil((KB - 1) / max(1, p.iters - 1)))
             assert 2 * (p.smem + 1024 + 64) <= 228 * 1024
             assert kernels.scratch_fits(p, N, 132)
             assert kernels.wgmma64_plan(M, N, K, sms=132, stages=2).stages == 2
@@ -329,10 +327,10 @@ def test_fp8_gemm_stream_k_is_deterministic_and_resets(stages: int, M: int, rows
 
 
 @GPU
-def test_fp8_gemm_64_rows_flagged_shares_never_go_stale() -> None:
-    """The 64-row kernel's shares carry their writer's slot epoch: plans of other shapes and token counts rewrite the
-    same slots in between (and a settling CTA may copy a share before its writer is done), yet every call sums only
-    its own launch's shares: the same bits as its first call, and the product."""
+def test_fp8_gemm_64_rows_interleaved_plans_share_the_scratch() -> None:
+    """Plans of other shapes and token counts park shares in the same stream-K slots and count on the same counters
+    in between, yet every call sums only its own launch's shares: the same bits as its first call, the product, and
+    every counter back at zero."""
     if not kernels._use_wgmma(torch.device("cuda")):
         pytest.skip("no wgmma on this GPU")
     cases = []
@@ -351,7 +349,7 @@ def test_fp8_gemm_64_rows_flagged_shares_never_go_stale() -> None:
         for xq, sx, wp, sw, first in cases:
             assert torch.equal(kernels._fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1, rows=64), first)
     sk = kernels._streamk(torch.device("cuda"), kernels._sm_count(0))
-    assert int((sk.epochs != 0).sum()) > 0  # slots were parked in and consumed
+    assert int(sk.counters.abs().sum()) == 0
 
 
 @GPU

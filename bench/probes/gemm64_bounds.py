@@ -41,12 +41,6 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "no_mma": [NO_MMA],
     "wt_once_no_mma": [W_ONCE, T_ONCE, NO_MMA],
     "no_settle": [("    if (settle >= 0) {", "    if (settle >= 0 && M < 0) {")],
-    # the flagged shares: writers fence after parking; the settler trusts its first copy (no flag check)
-    "park_fence": [("                                     flagged(total[r + 1], flag));\n",
-                    "                                     flagged(total[r + 1], flag));\n"
-                    "                asm volatile(\"fence.acq_rel.gpu;\" ::: \"memory\");\n")],
-    "no_check": [("                        ok &= v.y == want_flag && v.w == want_flag;\n", "")],
-    "no_poll": [("                while (load_relaxed(last) != s_flag[b0 + tid]) {\n", "                if (0) {\n")],
 }
 ORIGINAL = _jit.source
 

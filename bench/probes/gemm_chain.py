@@ -67,9 +67,9 @@ ANCHORS64 = [
     ANCHORS[1],
     ("    pdl_wait();  // every global write below", "    pdl_wait(); if (tid == 0) TRS(3, gtime());  //"),
     ANCHORS[3],
-    ("        for (int b0 = 0, ph = 0; b0 < want; b0 += slots) {",
+    ("        for (int b0 = 0, ph = 0; b0 < want; b0 += slots, ph ^= 1) {",
      "        if (tid == 0) TRS(5, gtime());\n"
-     "        for (int b0 = 0, ph = 0; b0 < want; b0 += slots) {"),
+     "        for (int b0 = 0, ph = 0; b0 < want; b0 += slots, ph ^= 1) {"),
     ANCHORS[5],
     ("        mbar_wait(full_w + 8 * s, phase);",
      "        mbar_wait(full_w + 8 * s, phase); if (tid == 0 && j == 0) TRS(1, gtime());"),

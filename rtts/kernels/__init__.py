@@ -35,7 +35,6 @@ from rtts.kernels.gemm_plan import (  # noqa: F401  (re-exported: tests, benchma
     WgmmaPlan,
     _wgmma_instance,
     gemm_plan,
-    h_max_sharers,
     wgmma64_plan,
     wgmma64_smem_bytes,
     wgmma_plan,
@@ -145,8 +144,6 @@ class _StreamK:
 
     partials: torch.Tensor
     counters: torch.Tensor
-    shares64: torch.Tensor  # the 64-row kernel's flagged shares (a value and its flag per 64-bit word), zeroed once
-    epochs: torch.Tensor  # and one epoch per share slot (cuda/fp8_gemm_wgmma64.cu)
 
 
 _STREAMK: dict[tuple[int, int, bool], _StreamK] = {}  # (device, stream handle or 0 for graphs, graphs)
@@ -167,9 +164,7 @@ def _streamk(device: torch.device, sms: int, for_graphs: bool | None = None) -> 
     if sk is None:
         floats = _streamk_floats(sms)
         sk = _StreamK(torch.empty(floats, dtype=torch.float32, device=device),
-                      torch.zeros(_STREAMK_TILES, dtype=torch.int32, device=device),
-                      torch.zeros(floats // 2, dtype=torch.int64, device=device),
-                      torch.zeros(sms * _MAX_GRID_PER_SM, dtype=torch.int32, device=device))
+                      torch.zeros(_STREAMK_TILES, dtype=torch.int32, device=device))
         _STREAMK[key] = sk
     return sk
 
@@ -301,11 +296,8 @@ def _rows64(M: int, cluster: int | None, rows: int | None) -> bool:
 def scratch_fits(plan: WgmmaPlan, N: int, sms: int) -> bool:
     """A global stream-K plan's shares and counters fit the per-stream scratch (at 64 tokens: layers up to ~200M
     weights); cluster plans use none."""
-    if plan.cluster > 1:
-        return True
-    if plan.rows == _H_ROWS:  # flagged shares: two floats' room per value, and an epoch per CTA
-        return plan.grid * plan.rows * plan.nt <= _streamk_floats(sms) // 2 and plan.grid <= sms * _MAX_GRID_PER_SM
-    return N // plan.rows <= _STREAMK_TILES and plan.grid * plan.rows * plan.nt <= _streamk_floats(sms)
+    return plan.cluster > 1 or (N // plan.rows <= _STREAMK_TILES
+                                and plan.grid * plan.rows * plan.nt <= _streamk_floats(sms))
 
 
 @functools.cache
@@ -343,10 +335,9 @@ def launch_wgmma(plan: WgmmaPlan, xq: torch.Tensor, sx: torch.Tensor, wp: torch.
     _check(scratch_fits(plan, N, _sm_count(dev)), f"fp8_gemm: {plan} for {M}x{N}x{K} exceeds the stream-K scratch")
     sk = _streamk(xq.device, _sm_count(dev))
     y = torch.empty(M, N, dtype=torch.bfloat16, device=xq.device)
-    shape = (_i32(M), _i32(N), _i32(K), _i32(pad4(M)), _i32(plan.stages))
-    tail = (wp.data_ptr(), sw.data_ptr(), y.data_ptr(), sk.partials.data_ptr(), sk.counters.data_ptr(), *shape)
+    tail = (wp.data_ptr(), sw.data_ptr(), y.data_ptr(), sk.partials.data_ptr(), sk.counters.data_ptr(), _i32(M),
+            _i32(N), _i32(K), _i32(pad4(M)), _i32(plan.stages))
     if plan.rows == _H_ROWS:
-        tail = (wp.data_ptr(), sw.data_ptr(), y.data_ptr(), sk.shares64.data_ptr(), sk.epochs.data_ptr(), *shape)
         # Tokens and their scales are bulk-copied: both must start 16-byte aligned (fresh torch tensors do).
         _check(xq.data_ptr() % 16 == 0 and sx.data_ptr() % 16 == 0, "fp8_gemm: x and sx must be 16-byte aligned")
         fn = _jit.function("fp8_gemm_wgmma64.cu", f"fp8_gemm_wgmma64<{plan.nt}>", _H_INSTANCES)

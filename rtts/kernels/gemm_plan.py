@@ -45,9 +45,7 @@ _MAX_GRID_PER_SM = 4  # stream-K scratch is sized for this many CTAs per SM
 _H_NT = (32, 64, 128)
 _H_ROWS = 64
 _H_BYTES = _H_ROWS * 128
-_H_THREADS = 128 + 32
-_H_MAX_SHARERS = 128  # one consumer thread reads each sharer's epoch
-_H_MAX_SLOTS = 32  # shares per settling batch: a 32-bit mask
+_H_THREADS = 128 + 64
 # Weight stages (8 KB each). Measured on the H200 (bench/probes/gemm64_grid.py, session 5): deeper rings, which let
 # the next GEMM prefetch more of its stream while this one runs, were no faster (wo 64 tokens: 3/4/6/9 stages
 # 8.5/8.4/8.6/9.0 us); with two CTAs per SM 3-4 were best too.
@@ -166,24 +164,12 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
     return best
 
 
-def h_share_bytes(nt: int) -> int:
-    """One flagged share of the 64-row kernel: 64 x NT FP32 values, each with its 32-bit flag."""
-    return _H_ROWS * nt * 8
-
-
-def h_max_sharers(T: int, grid: int, KB: int) -> int:
-    """The most CTAs after the first sharing a 64-row tile (max_sharers in cuda/fp8_gemm_wgmma64.cu)."""
-    least = max(1, T // grid)
-    return (KB - 1 + least - 1) // least
-
-
-def wgmma64_smem_bytes(nt: int, stages: int, tstages: int, iters: int, slots: int = 0, sharers: int = 0) -> int:
+def wgmma64_smem_bytes(nt: int, stages: int, tstages: int, iters: int, slots: int = 0) -> int:
     """Dynamic shared memory of one 64-row CTA: the ring region (`stages` 8 KB weight stages and `tstages` NT x 128
-    token stages, reused after the loop for `slots` flagged shares), NT scales per token stage, the weight scales of
-    its `iters` iterations, the flags of up to `sharers` shares and a 4-word OR, two mbarriers per stage and one for
-    settling, 1 KB of alignment slack."""
-    region = max(stages * _H_BYTES + tstages * nt * 128, slots * h_share_bytes(nt))
-    return 1024 + region + tstages * nt * 4 + 4 * iters + 4 * sharers + 16 + 16 * (stages + tstages) + 16
+    token stages, reused after the loop for `slots` FP32 shares of 64 x NT), NT scales per token stage, the weight
+    scales of its `iters` iterations, two mbarriers per stage and one for settling, 1 KB of alignment slack."""
+    region = max(stages * _H_BYTES + tstages * nt * 128, slots * _H_ROWS * nt * 4)
+    return 1024 + region + tstages * nt * 4 + 4 * iters + 16 * (stages + tstages) + 16
 
 
 @functools.cache
@@ -201,24 +187,20 @@ def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, gr
     per_sm = 2.0 if T >= _H_LONG_ITERS * sms else 1.5 if T >= _H_MID_ITERS * sms else 1.0
     grid = min(T, int(per_sm * sms) if grid is None else grid)
     iters = -(-T // grid)
-    # A settling CTA reads the other shares of its tile (one flag each per consumer thread) in batches of `slots`
-    # (a bit mask): as many as half an SM's shared memory holds in the ring region (at least one: the ring is longer).
-    others = h_max_sharers(T, grid, K // 128)
-    if others > _H_MAX_SHARERS:
-        raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K}: tiles split over {others + 1} CTAs")
     ts = _H_TOKEN_STAGES if nt <= 64 else _H_TOKEN_STAGES - 1
-    room = _SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, 0, ts, iters, 0, others)
+    room = _SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, 0, ts, iters)
     st = min(_H_MAX_STAGES, room // (_H_BYTES + 16))
     if st < 1:
         raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K}: {iters} iterations per CTA leave no room")
     if stages is not None:
         st = max(1, min(st, stages))
-    share = h_share_bytes(nt)
+    # A settling CTA reads the other shares of its tile (at most ceil((KB - 1) / (iters - 1)) of them) in batches of
+    # `slots`: as many as half an SM's shared memory holds in the ring region (at least one: the ring is longer).
+    share = _H_ROWS * nt * 4
+    others = -(-(K // 128 - 1) // max(1, iters - 1))
     ring = st * _H_BYTES + ts * nt * 128
-    fit = (_SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, st, ts, iters, 0, others) + ring) // share
-    slots = max(1, min(others, _H_MAX_SLOTS, fit))
-    return WgmmaPlan(nt, st, grid, wgmma64_smem_bytes(nt, st, ts, iters, slots, others), 1, iters, _H_ROWS, ts,
-                     slots)
+    slots = max(1, min(others, (_SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, st, ts, iters) + ring) // share))
+    return WgmmaPlan(nt, st, grid, wgmma64_smem_bytes(nt, st, ts, iters, slots), 1, iters, _H_ROWS, ts, slots)
 
 
 def gemm_plan(M: int, N: int, K: int) -> tuple[int, int, int, int]:
