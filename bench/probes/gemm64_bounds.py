@@ -29,7 +29,7 @@ from rtts.kernels import _jit
 from rtts.kernels import reference as ref
 
 KERNEL = "fp8_gemm_wgmma64.cu"
-ACCS = "    constexpr int ACCS = NT <= 16 ? 4 : (NT == 32 ? 2 : 1);\n"
+ACCS = "    constexpr int ACCS = NT <= 16 ? 4 : (NT <= 64 ? 2 : 1);\n"
 W_ONCE = ("                    load_weights(wsg);\n", "                    mbar_arrive(full_w + 8 * wsg);\n")
 T_ONCE = ("                    load_tokens(ts);\n", "                    mbar_arrive(full_t + 8 * ts);\n")
 NO_MMA = ("        mma_block<NT, ACCS>(acc, wring + s * H_BYTES, tring + t * B_BYTES);\n", "")
