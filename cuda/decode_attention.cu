@@ -8,8 +8,6 @@
 // it, so each K/V byte is read once. With S > 1 splits write partials (m, l, o) that decode_attention_merge combines
 // (split-KV keeps small batches from idling most SMs).
 //
-// Both kernels are launched with programmatic dependent launch and wait for the kernel ahead before touching memory:
-// what PDL saves here is the launch gap (CTAs resident and set up while the kernel ahead drains), not bytes.
 // Memory: 64-key tiles of K and V (32 KB at head dim 128) stream through a double-buffered cp.async pipeline
 // (16-byte copies, zero fill past the length): one tile loads while the other computes, and three CTAs share an SM,
 // so ~100 KB per SM is in flight instead of one row per warp. The host picks the split count so the last wave of
@@ -208,8 +206,6 @@ __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const
     extern "C" __global__ void __launch_bounds__(WARPS * 32) decode_attention_##HD##_##G(                          \
         const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const i64* slots, const i64* lens, float* ws_o,      \
         float* ws_ml, bf16_t* out, int n_kv, int L, int chunk, float scale) {                                     \
-        pdl_trigger(); /* launched with PDL: the merge may start launching now */                                \
-        pdl_depend();  /* everything read or written here comes after the kernel ahead */                        \
         attend_split<HD, G>(q, kc, vc, slots, lens, ws_o, ws_ml, out, n_kv, L, chunk, scale);                     \
     }
 
@@ -225,8 +221,6 @@ DEFINE_ATTN(64, 8)
 // Combine S split partials per (b, kv head, query head, dim): grid (n_kv, B), block G*HD threads (<= 1024).
 extern "C" __global__ void decode_attention_merge(const float* __restrict__ ws_o, const float* __restrict__ ws_ml,
                                                   bf16_t* __restrict__ out, int n_kv, int G, int HD, int S) {
-    pdl_trigger();
-    pdl_depend();  // the partials are the attention kernel's
     const int h = blockIdx.x, b = blockIdx.y;
     const int i = threadIdx.x;
     if (i >= G * HD) return;

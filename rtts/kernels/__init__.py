@@ -464,11 +464,11 @@ def decode_attention(
     _jit.launch(fn, (S, n_kv, B), (128,), (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
                                            lens.data_ptr(), ws_o.data_ptr(), ws_ml.data_ptr(), out.data_ptr(),
                                            _i32(n_kv), _i32(L), _i32(chunk), np.float32(1.0 / math.sqrt(D))),
-                shared_mem=smem, pdl=True)
+                shared_mem=smem)
     if S > 1:
         merge = _jit.function("decode_attention.cu", "decode_attention_merge")
         _jit.launch(merge, (n_kv, B), (G * D,), (ws_o.data_ptr(), ws_ml.data_ptr(), out.data_ptr(), _i32(n_kv),
-                                                 _i32(G), _i32(D), _i32(S)), pdl=True)
+                                                 _i32(G), _i32(D), _i32(S)))
     return out
 
 
