@@ -287,12 +287,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
         ring_next(s, phase, stages);
     }
     if (settle >= 0) {
-        // Every other share of the tile counted in: they publish without waiting (above), so this spin never waits
-        // on a CTA that waits, and is safe whether or not every CTA of the grid is resident at once.
-        const int want = unit_owner((i64)settle * KB + KB - 1, T, C) - c;
-        if (tid == 0)
-            while (load_acquire(&counters[settle]) < want) {
-            }
+        await_shares(counters, settle, c, KB, T, C);  // every other share of the tile counted in
         named_barrier(BAR_CONSUMERS, CONSUMERS);  // the acquire above orders every thread's reads below
         settle_tile<NT, (NT <= 16 ? 8 : ACCS), CONSUMERS>(total, ws, counters, y, c, settle, T, C, KB, M, N);
     }

@@ -211,14 +211,11 @@ __global__ void __launch_bounds__(H_THREADS, 2)
         ring_next(t, tphase, tstages);
     }
     if (settle >= 0) {
-        // Every other share of the tile counted in (they publish without waiting: this spin never waits on a CTA
-        // that waits). Then the shares are bulk-copied into the free ring region, `slots` at a time: one L2 round
-        // trip for all of them instead of one per pair of shares read into registers (measured, bench/results/
-        // traces: 2-4 us of tail while the next GEMM streams), and summed in CTA order from shared memory.
-        const int c_hi = unit_owner((i64)settle * KB + KB - 1, T, C), want = c_hi - c;
-        if (tid == 0)
-            while (load_acquire(&counters[settle]) < want) {
-            }
+        // Every other share of the tile counted in, then bulk-copied into the free ring region, `slots` at a time:
+        // one L2 round trip for all of them instead of one per pair of shares read into registers (measured,
+        // bench/results/traces: 2-4 us of tail while the next GEMM streams), and summed in CTA order from shared
+        // memory.
+        const int want = await_shares(counters, settle, c, KB, T, C);
         for (int b0 = 0, ph = 0; b0 < want; b0 += slots, ph ^= 1) {
             const int nb = min(slots, want - b0);
             // Every consumer warp is past its last MMA on the ring (first batch) or done reading the last batch.

@@ -79,6 +79,17 @@ __device__ __forceinline__ int unit_owner(i64 u, i64 T, int C) {
     return (int)(((u + 1) * C + T - 1) / T) - 1;
 }
 
+// A summing CTA's wait for the other shares of `tile` (those of CTAs c + 1 ... c + the returned count): thread 0
+// spins until all are counted in; callers order every thread's reads of them after it with a barrier. Sharers publish
+// without waiting, so this never waits on a CTA that waits, whether or not the whole grid is resident at once.
+__device__ __forceinline__ int await_shares(const int* counters, int tile, int c, int KB, i64 T, int C) {
+    const int want = unit_owner((i64)tile * KB + KB - 1, T, C) - c;
+    if (threadIdx.x == 0)
+        while (load_acquire(&counters[tile]) < want) {
+        }
+    return want;
+}
+
 // One warpgroup's accumulator tile (64 weight rows from row0, NT tokens) to y[M, N] as bf16; rows/tokens past N/M
 // are dropped.
 template <int NT>

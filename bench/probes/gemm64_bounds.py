@@ -86,7 +86,7 @@ def main() -> None:
         if only and variant not in only:
             continue
         ms = (64,) if ablation else (32, 64)
-        use(edits, tuple(f"fp8_gemm_wgmma64<{n}>" for n in ((64,) if ablation else (32, 64))))
+        use(edits, tuple(f"fp8_gemm_wgmma64<{m}>" for m in ms))  # NT = M for these token counts
         for name, N, K, R, packed, xs in cases:
             for M in ms:
                 time(f"{variant} {name} M={M}", kernels.wgmma64_plan(M, N, K, sms), R, packed, xs[M])
