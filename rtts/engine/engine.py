@@ -21,7 +21,8 @@ import torch
 
 from rtts import kernels
 from rtts.engine import sampling
-from rtts.engine.rng import exponential_noise
+from rtts.kernels import race
+from rtts.kernels.rng import exponential_noise
 from rtts.model.dual_ar import DualARTransformer
 from rtts.model.kv_cache import KVCache
 from rtts.model.loading import LoadedModel
@@ -352,11 +353,11 @@ class Engine:
 
         if self.format == "s2":
             probs = sampling.filtered_probs(logits, temp, top_p, top_k)
-            tok = self.main_ids[sampling.race(probs, self.noise(seed, counter, DRAW_MAIN, self.main_ids))]
+            tok = self.main_ids[self._draw(probs, seed, counter, DRAW_MAIN, self.main_ids)]
             if decode:
                 ones = torch.ones_like(temp)
                 probs_hi = sampling.filtered_probs(logits, ones * self.ras_temperature, ones * self.ras_top_p, top_k)
-                tok_hi = self.main_ids[sampling.race(probs_hi, self.noise(seed, counter, DRAW_RAS, self.main_ids))]
+                tok_hi = self.main_ids[self._draw(probs_hi, seed, counter, DRAW_RAS, self.main_ids)]
                 tok = sampling.ras_choice(tok, tok_hi, st.window[slots][..., 0], self.sem_begin, self.sem_end,
                                           st.ras_on[slots])
             c0 = (tok - self.sem_begin).clamp(0, self.config.codebook_size - 1)
@@ -367,7 +368,7 @@ class Engine:
                 if self.trace is not None:
                     self.trace("slow_logits_penalized", logits)
             probs = sampling.filtered_probs(logits, temp, top_p, top_k)
-            tok = sampling.race(probs, self.noise(seed, counter, DRAW_MAIN, self.main_ids))
+            tok = self._draw(probs, seed, counter, DRAW_MAIN, self.main_ids)
             # S1: no upper clamp on c0 (a non-semantic token makes a text position whose codes are ignored).
             c0 = (tok - self.sem_begin).clamp(min=0)
 
@@ -375,11 +376,11 @@ class Engine:
         rows = self.fast_rows[:B]
         codes = [c0]
         x = torch.stack([fast_in, m.fast_embeddings(c0.clamp(max=self.config.codebook_size - 1))], dim=1)
-        pos = self.fast_positions[None, 0:2].expand(B, 2)
+        pos = self.fast_positions[None, 0:2].expand(B, 2).contiguous()  # (the cache-store kernel wants [B, S])
         for k in range(1, self.config.num_codebooks):
             if k > 1:
                 x = m.fast_embeddings(codes[-1])[:, None]
-                pos = self.fast_positions[None, k:k + 1].expand(B, 1)
+                pos = self.fast_positions[None, k:k + 1].expand(B, 1).contiguous()
             fl = m.forward_fast(x, self.fast_rope[pos[:1]], fast_kv.k, fast_kv.v, rows, pos, k + 1)[:, -1]
             if self.trace is not None:
                 self.trace("fast_logits", fl)
@@ -389,9 +390,18 @@ class Engine:
                 if self.trace is not None:
                     self.trace("fast_logits_penalized", fl)
             probs = sampling.filtered_probs(fl, temp, top_p, top_k)
-            codes.append(sampling.race(probs, self.noise(seed, counter, DRAW_RAS + k, self.fast_ids)))
+            codes.append(self._draw(probs, seed, counter, DRAW_RAS + k, self.fast_ids))
         col = torch.stack([tok] + codes, dim=1)
         return col, tok
+
+    def _draw(self, probs: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor, draw: int,
+              ids: torch.Tensor) -> torch.Tensor:
+        """The exponential race over `ids` -> [B] indices into ids. With the default noise it is one kernel on the
+        GPU (kernels.race, bit-identical); a substituted noise function (tests replaying fixture noise) goes through
+        the torch race."""
+        if self.noise is exponential_noise:
+            return race.exponential_race(probs, seeds, counters, draw, ids)
+        return sampling.race(probs, self.noise(seeds, counters, draw, ids))
 
     def _commit(
         self, slots: torch.Tensor, col: torch.Tensor, decode: bool, active: torch.Tensor | None = None

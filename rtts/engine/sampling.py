@@ -2,7 +2,7 @@
 
 Both formats share `filtered_probs`: sort descending, cumulative softmax **at temperature 1**, cut ranks past top_p or
 top_k (rank 0 always kept; the token whose mass crosses top_p is itself cut), then divide by temperature and softmax.
-The draw is an exponential race `argmax(p / q)` with q ~ Exp(1) (see rng.py).
+The draw is an exponential race `argmax(p / q)` with q ~ Exp(1) (see rtts/kernels/rng.py).
 
 S2 (`fish_qwen3_omni`): the main token ranges over the semantic ids + `<|im_end|>` only; repetition-aware sampling
 (RAS) draws a second candidate at T = 1.0 / top_p = 0.9 and takes it when the first is a semantic id already among the

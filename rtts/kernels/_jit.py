@@ -222,6 +222,8 @@ def _c_arg(a: Any) -> ctypes._SimpleCData | TensorMap:
         return a
     if isinstance(a, np.int32):
         return ctypes.c_int32(int(a))
+    if isinstance(a, np.uint32):
+        return ctypes.c_uint32(int(a))
     if isinstance(a, np.float32):
         return ctypes.c_float(float(a))
     if isinstance(a, int):  # a device pointer

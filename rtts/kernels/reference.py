@@ -127,3 +127,65 @@ def token_window_shift(buf: torch.Tensor, slots: torch.Tensor, new: torch.Tensor
     cur = buf[slots]  # [B, W, C]
     shifted = torch.cat([cur[:, 1:], new[:, None].to(buf.dtype)], dim=1)
     buf[slots] = torch.where(active[:, None, None].bool(), shifted, cur)
+
+
+# ---------------------------------------------------------------------------------------------------- norms, RoPE
+
+
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """Normalize the last dim in float32, cast back to x's dtype, then scale (the model's order; it matters in bf16)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * w
+
+
+def add_rmsnorm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = x + r (in x's dtype) -> (h, rmsnorm(h))."""
+    h = x + r
+    return h, rmsnorm(h, w, eps)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate adjacent pairs of the last dim of x [..., D] in float32; cos/sin broadcast against [..., D // 2]."""
+    xs = x.float().unflatten(-1, (-1, 2))
+    x0, x1 = xs[..., 0], xs[..., 1]
+    cos, sin = cos.float(), sin.float()
+    return torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1).flatten(-2).type_as(x)
+
+
+def qkv_rope_store(
+    qkv: torch.Tensor,  # [B, S, (H + 2 * n_kv) * D]
+    q_norm: torch.Tensor | None,  # [D] or None
+    k_norm: torch.Tensor | None,
+    eps: float,
+    rope: torch.Tensor,  # [B or 1, S, D // 2, 2] (cos, sin)
+    k_cache: torch.Tensor,  # [rows, ctx, n_kv, D]
+    v_cache: torch.Tensor,
+    rows: torch.Tensor,  # [B] int64
+    positions: torch.Tensor,  # [B, S] int64
+    n_head: int,
+) -> torch.Tensor:
+    """Split q/k/v, QK-norm (when given) and RoPE q and k, store k and v at (rows[b], positions[b, s])
+    -> q [B, S, H, D]."""
+    B, S, _ = qkv.shape
+    n_kv, D = k_cache.shape[2], k_cache.shape[3]
+    q, k, v = qkv.split([n_head * D, n_kv * D, n_kv * D], dim=-1)
+    q, k, v = q.view(B, S, n_head, D), k.view(B, S, n_kv, D), v.view(B, S, n_kv, D)
+    if q_norm is not None and k_norm is not None:
+        q, k = rmsnorm(q, q_norm, eps), rmsnorm(k, k_norm, eps)
+    cos, sin = rope[..., 0].unsqueeze(2), rope[..., 1].unsqueeze(2)  # [B or 1, S, 1, D/2]
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    idx = (rows[:, None].expand(B, S), positions)
+    k_cache.index_put_(idx, k.to(k_cache.dtype))
+    v_cache.index_put_(idx, v.to(v_cache.dtype))
+    return q
+
+
+# ---------------------------------------------------------------------------------------------------- sampling draw
+
+
+def exponential_race(probs: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor, draw: int,
+                     ids: torch.Tensor) -> torch.Tensor:
+    """argmax(probs / q) over the last dim, q the stream's Exp(1) noise for (draw, ids) -> [B] int64 indices."""
+    from rtts.kernels.rng import exponential_noise
+
+    return torch.argmax(probs.float() / exponential_noise(seeds, counters, draw, ids), dim=-1)

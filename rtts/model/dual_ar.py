@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from rtts import kernels
+from rtts.kernels import norm_rope
 from rtts.model.config import DualARConfig
 from rtts.model.layers import FeedForward, RMSNorm
-from rtts.model.rope import apply_rope
 
 
 class Attention(nn.Module):
@@ -54,19 +54,12 @@ class Attention(nn.Module):
         kv_len: int,  # attend over cache positions [0, kv_len); must exceed every position
     ) -> torch.Tensor:
         B, S, _ = x.shape
-        qs, kvs = self.n_head * self.head_dim, self.n_kv * self.head_dim
-        q, k, v = self.wqkv(x).split([qs, kvs, kvs], dim=-1)
-        q = q.view(B, S, self.n_head, self.head_dim)
-        k = k.view(B, S, self.n_kv, self.head_dim)
-        v = v.view(B, S, self.n_kv, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = rope[..., 0].unsqueeze(2), rope[..., 1].unsqueeze(2)  # [B, S, 1, hd/2]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-
-        idx = (rows[:, None].expand(B, S), positions)
-        k_cache.index_put_(idx, k.to(k_cache.dtype))
-        v_cache.index_put_(idx, v.to(v_cache.dtype))
+        qs = self.n_head * self.head_dim
+        # Split, QK-norm, RoPE, and the K/V of the new positions into the caches: one kernel on the GPU in bf16.
+        qn = self.q_norm.weight if self.q_norm is not None else None
+        kn = self.k_norm.weight if self.k_norm is not None else None
+        eps = self.q_norm.eps if self.q_norm is not None else 0.0
+        q = norm_rope.qkv_rope_store(self.wqkv(x), qn, kn, eps, rope, k_cache, v_cache, rows, positions, self.n_head)
         if S == 1 and kernels.decode_attention_fast(q, k_cache):
             # One query per stream: the decode-attention kernel reads each row's length on the device.
             out = kernels.decode_attention(q[:, 0], k_cache, v_cache, rows, positions[:, 0] + 1)
@@ -104,8 +97,9 @@ class Block(nn.Module):
         positions: torch.Tensor,
         kv_len: int,
     ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope, k_cache, v_cache, rows, positions, kv_len)
-        return h + self.feed_forward(self.ffn_norm(h))
+        a = self.attention(self.attention_norm(x), rope, k_cache, v_cache, rows, positions, kv_len)
+        h, normed = norm_rope.add_rmsnorm(x, a, self.ffn_norm.weight, self.ffn_norm.eps)  # h = x + a
+        return h + self.feed_forward(normed)
 
 
 class DualARTransformer(nn.Module):

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rtts.kernels import norm_rope
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
@@ -14,9 +16,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalize in float32, cast back, then scale (the reference's order; it matters in bf16).
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        # Normalize in float32, cast back, then scale (the reference's order; it matters in bf16): one kernel on the
+        # GPU in bf16, the torch ops otherwise.
+        return norm_rope.rmsnorm(x, self.weight, self.eps)
 
 
 class FeedForward(nn.Module):

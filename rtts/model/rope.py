@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from rtts.kernels.reference import apply_rope  # noqa: F401  (the rotation itself: the rope kernel's reference)
+
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
     """positions: any shape [...] int64 -> cos, sin: [..., head_dim // 2] bfloat16."""
@@ -25,11 +27,3 @@ def rope_table(num_positions: int, head_dim: int, base: float, device: torch.dev
     """Table for positions 0..num_positions-1 -> [num_positions, head_dim // 2, 2] bfloat16 (cos, sin)."""
     cos, sin = rope_cos_sin(torch.arange(num_positions, device=device), head_dim, base)
     return torch.stack([cos, sin], dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs of the last dim of x [..., D]; cos/sin broadcast against [..., D // 2]."""
-    xs = x.float().unflatten(-1, (-1, 2))
-    x0, x1 = xs[..., 0], xs[..., 1]
-    cos, sin = cos.float(), sin.float()
-    return torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1).flatten(-2).type_as(x)

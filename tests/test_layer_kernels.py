@@ -1,0 +1,155 @@
+"""The layer-op kernels (RMSNorm, residual add + RMSNorm, QK-norm + RoPE + KV store) and the fused sampling draw:
+the torch references on the CPU, and each CUDA kernel against its reference on random, never-zero inputs with odd
+sizes (GPU tests, marked `gpu`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rtts.engine import sampling
+from rtts.kernels import norm_rope, race, reference
+from rtts.kernels.rng import exponential_noise
+from rtts.model.rope import rope_table
+
+GPU = pytest.mark.gpu
+
+
+def _rope_inputs(B: int, S: int, H: int, KV: int, D: int, rows: int, ctx: int, device: str, dtype: torch.dtype,
+                 shared_table: bool, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    qkv = torch.randn(B, S, (H + 2 * KV) * D, generator=g) * 3 + 0.1
+    table = rope_table(ctx, D, 1e6)  # [ctx, D/2, 2] bf16
+    positions = torch.stack([torch.randperm(ctx, generator=g)[:S] for _ in range(B)])  # distinct per row
+    slot = torch.randperm(rows, generator=g)[:B]
+    rope = table[positions[:1]] if shared_table else table[positions]
+    if shared_table:
+        positions = positions[:1].expand(B, S).contiguous()
+    return {
+        "qkv": qkv.to(device, dtype),
+        "rope": rope.to(device),
+        "k_cache": (torch.randn(rows, ctx, KV, D, generator=g) + 0.5).to(device, dtype),
+        "v_cache": (torch.randn(rows, ctx, KV, D, generator=g) - 0.5).to(device, dtype),
+        "rows": slot.to(device),
+        "positions": positions.to(device),
+        "q_norm": (torch.rand(D, generator=g) + 0.5).to(device, dtype),
+        "k_norm": (torch.rand(D, generator=g) + 0.5).to(device, dtype),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- CPU
+
+
+def test_reference_qkv_rope_store_writes_only_the_new_positions() -> None:
+    t = _rope_inputs(B=3, S=2, H=4, KV=2, D=16, rows=5, ctx=12, device="cpu", dtype=torch.float32,
+                     shared_table=False)
+    k0, v0 = t["k_cache"].clone(), t["v_cache"].clone()
+    q = reference.qkv_rope_store(t["qkv"], t["q_norm"], t["k_norm"], 1e-6, t["rope"], t["k_cache"], t["v_cache"],
+                                 t["rows"], t["positions"], 4)
+    assert q.shape == (3, 2, 4, 16)
+    written = torch.zeros(5, 12, dtype=torch.bool)
+    written[t["rows"][:, None].expand(3, 2), t["positions"]] = True
+    assert torch.equal(t["k_cache"][~written], k0[~written]) and torch.equal(t["v_cache"][~written], v0[~written])
+    # v is stored as projected; k rotated: its norm per pair is kept by the rotation (after the QK-norm)
+    v = t["qkv"][..., (4 + 2) * 16:].view(3, 2, 2, 16)
+    assert torch.equal(t["v_cache"][t["rows"][:, None].expand(3, 2), t["positions"]], v)
+    kn = reference.rmsnorm(t["qkv"][..., 64:96].view(3, 2, 2, 16), t["k_norm"], 1e-6)
+    kc = t["k_cache"][t["rows"][:, None].expand(3, 2), t["positions"]]
+    pair = lambda x: x.unflatten(-1, (-1, 2)).pow(2).sum(-1)  # noqa: E731
+    torch.testing.assert_close(pair(kc), pair(kn), rtol=1e-2, atol=1e-3)
+
+
+def test_reference_race_is_the_torch_race() -> None:
+    probs = torch.softmax(torch.randn(3, 37), -1)
+    seeds, counters, ids = torch.tensor([1, -5, 1 << 40]), torch.tensor([0, 7, (1 << 33) + 3]), torch.arange(37) * 11
+    want = sampling.race(probs, exponential_noise(seeds, counters, 4, ids))
+    assert torch.equal(reference.exponential_race(probs, seeds, counters, 4, ids), want)
+    assert torch.equal(race.exponential_race(probs, seeds, counters, 4, ids), want)  # the CPU takes the reference
+
+
+def test_layer_op_strict_checks() -> None:
+    x = torch.randn(2, 8)
+    with pytest.raises(ValueError, match="weight"):
+        norm_rope.rmsnorm(x, torch.ones(7), 1e-6)
+    with pytest.raises(ValueError, match="add_rmsnorm"):
+        norm_rope.add_rmsnorm(x, torch.randn(2, 7), torch.ones(8), 1e-6)
+    t = _rope_inputs(B=2, S=1, H=2, KV=1, D=8, rows=3, ctx=4, device="cpu", dtype=torch.float32, shared_table=False)
+    with pytest.raises(ValueError, match="features"):
+        norm_rope.qkv_rope_store(t["qkv"][..., :-8], None, None, 1e-6, t["rope"], t["k_cache"], t["v_cache"],
+                                 t["rows"], t["positions"], 2)
+    with pytest.raises(ValueError, match="both"):
+        norm_rope.qkv_rope_store(t["qkv"], t["q_norm"], None, 1e-6, t["rope"], t["k_cache"], t["v_cache"],
+                                 t["rows"], t["positions"], 2)
+    with pytest.raises(ValueError, match="int64"):
+        race.exponential_race(torch.rand(2, 5), torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int64),
+                              0, torch.arange(5))
+
+
+# ---------------------------------------------------------------------------------------------------- GPU
+
+
+def _close_bf16(got: torch.Tensor, want: torch.Tensor, max_share: float = 0.02) -> None:
+    """Equal but for a few elements one bf16 rounding apart (a float32 sum in another order)."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    diff = (got.float() - want.float()).abs()
+    ulp = want.float().abs().clamp(min=1e-30) * 2.0**-7
+    assert bool((diff <= ulp * 1.01).all()), float((diff / ulp).max())
+    assert float((diff > 0).float().mean()) <= max_share
+
+
+@GPU
+@pytest.mark.parametrize("rows,D", [(1, 2560), (3, 1000), (64, 2560), (5, 77)])
+def test_rmsnorm_kernels(rows: int, D: int) -> None:
+    g = torch.Generator(device="cuda").manual_seed(rows * D)
+    x = (torch.randn(rows, D, device="cuda", generator=g) * 2 + 0.3).bfloat16()
+    r = (torch.randn(rows, D, device="cuda", generator=g) - 0.2).bfloat16()
+    w = (torch.rand(D, device="cuda", generator=g) + 0.5).bfloat16()
+    _close_bf16(norm_rope.rmsnorm(x, w, 1e-6), reference.rmsnorm(x, w, 1e-6))
+    h, y = norm_rope.add_rmsnorm(x, r, w, 1e-5)
+    h_ref, y_ref = reference.add_rmsnorm(x, r, w, 1e-5)
+    assert torch.equal(h, h_ref)
+    _close_bf16(y, y_ref)
+    x3 = x.view(1, rows, D)  # any leading shape
+    _close_bf16(norm_rope.rmsnorm(x3, w, 1e-6), reference.rmsnorm(x3, w, 1e-6))
+
+
+@GPU
+@pytest.mark.parametrize("B,S,H,KV,D,shared,norm", [
+    (1, 1, 32, 8, 128, False, True),  # S2-Pro slow decode
+    (16, 1, 32, 8, 128, False, True),
+    (5, 2, 32, 8, 128, True, False),  # fast model: one table row for the batch, no QK-norm
+    (3, 7, 6, 2, 64, False, True),  # prefill-like, odd counts
+    (2, 3, 5, 1, 16, True, True),
+])
+def test_qkv_rope_store_kernel(B: int, S: int, H: int, KV: int, D: int, shared: bool, norm: bool) -> None:
+    t = _rope_inputs(B, S, H, KV, D, rows=B + 3, ctx=40, device="cuda", dtype=torch.bfloat16, shared_table=shared,
+                     seed=B * S + H)
+    qn, kn = (t["q_norm"], t["k_norm"]) if norm else (None, None)
+    kc, vc = t["k_cache"].clone(), t["v_cache"].clone()
+    q = norm_rope.qkv_rope_store(t["qkv"], qn, kn, 1e-6, t["rope"], kc, vc, t["rows"], t["positions"], H)
+    q_ref = reference.qkv_rope_store(t["qkv"], qn, kn, 1e-6, t["rope"], t["k_cache"], t["v_cache"], t["rows"],
+                                     t["positions"], H)
+    assert torch.equal(vc, t["v_cache"])  # untouched elsewhere, copied exactly at the new positions
+    if norm:
+        _close_bf16(q, q_ref)
+        _close_bf16(kc, t["k_cache"], max_share=0.02)
+    else:  # no reduction: the same rounded ops in the same order, bit for bit
+        assert torch.equal(q, q_ref) and torch.equal(kc, t["k_cache"])
+
+
+@GPU
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("B,n,first_id", [(1, 4097, 151_000), (16, 4096, 0), (3, 33, 7), (64, 1025, 1 << 31)])
+def test_exponential_race_kernel_is_bit_identical(dtype: torch.dtype, B: int, n: int, first_id: int) -> None:
+    g = torch.Generator(device="cuda").manual_seed(n + B)
+    logits = torch.randn(B, n, device="cuda", generator=g) * 3
+    logits[0, n // 2:] = -float("inf")  # a top-p cut: zero probabilities
+    probs = torch.softmax(logits, -1).to(dtype)
+    seeds = torch.randint(-(1 << 62), 1 << 62, (B,), device="cuda", generator=g)
+    counters = torch.randint(0, 1 << 40, (B,), device="cuda", generator=g)
+    ids = torch.arange(first_id, first_id + n, device="cuda")
+    for draw in (0, 1, 11):
+        got = race.exponential_race(probs, seeds, counters, draw, ids)
+        assert torch.equal(got, reference.exponential_race(probs, seeds, counters, draw, ids)), draw
+    zero = torch.zeros(2, n, device="cuda", dtype=dtype)  # every ratio 0: the first index, as torch.argmax
+    assert race.exponential_race(zero, seeds[:1].repeat(2), counters[:1].repeat(2), 0, ids).tolist() == [0, 0]
