@@ -205,6 +205,40 @@ def bench_attention(B: int, L: int, n_kv: int = 8, G: int = 4, D: int = 128) -> 
             "speedup_vs_sdpa": sdpa / ours}
 
 
+def bench_layer_ops(B: int, dim: int = 2560, H: int = 32, KV: int = 8, D: int = 128, ctx: int = 2048,
+                    n_main: int = 4097) -> dict[str, float]:
+    """The decode step's small ops at batch B (S2-Pro slow shapes): kernel vs the torch ops they replace. Their
+    bytes are tiny (L2-resident), so this is launch and latency, which is what they cost in a step."""
+    from rtts.kernels import norm_rope, race
+    from rtts.kernels.rng import exponential_noise
+    from rtts.model.rope import rope_table
+
+    dev, bf = "cuda", torch.bfloat16
+    x, r = torch.randn(B, 1, dim, device=dev, dtype=bf), torch.randn(B, 1, dim, device=dev, dtype=bf)
+    w = torch.rand(dim, device=dev, dtype=bf) + 0.5
+    qkv = torch.randn(B, 1, (H + 2 * KV) * D, device=dev, dtype=bf)
+    kc, vc = (torch.zeros(B + 1, ctx, KV, D, device=dev, dtype=bf) for _ in range(2))
+    rows, pos = torch.arange(B, device=dev), torch.full((B, 1), ctx // 2, device=dev)
+    rope = rope_table(ctx, D, 1e6, dev)[pos]
+    qn, kn = (torch.rand(D, device=dev, dtype=bf) + 0.5 for _ in range(2))
+    probs = torch.softmax(torch.randn(B, n_main, device=dev), -1).to(bf)
+    seeds, counters, ids = torch.arange(B, device=dev), torch.zeros(B, dtype=torch.int64, device=dev), \
+        torch.arange(n_main, device=dev)
+    ops: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
+        "rmsnorm": (lambda: norm_rope.rmsnorm(x, w, 1e-6), lambda: ref.rmsnorm(x, w, 1e-6)),
+        "add_rmsnorm": (lambda: norm_rope.add_rmsnorm(x, r, w, 1e-6), lambda: ref.add_rmsnorm(x, r, w, 1e-6)),
+        "qkv_rope_store": (lambda: norm_rope.qkv_rope_store(qkv, qn, kn, 1e-6, rope, kc, vc, rows, pos, H),
+                           lambda: ref.qkv_rope_store(qkv, qn, kn, 1e-6, rope, kc, vc, rows, pos, H)),
+        "exponential_race": (lambda: race.exponential_race(probs, seeds, counters, 2, ids),
+                             lambda: torch.argmax(probs.float() / exponential_noise(seeds, counters, 2, ids), -1)),
+    }
+    out: dict[str, float] = {}
+    for name, (ours, torch_ops) in ops.items():
+        out[f"{name}_us"] = 1e6 * time_graph([ours] * MIN_CALLS)
+        out[f"{name}_torch_us"] = 1e6 * time_graph([torch_ops] * MIN_CALLS)
+    return out
+
+
 def copy_bandwidth() -> dict[str, float]:
     """Bytes read + written per second by a 1 GiB device copy, two ways: the memcpy node (copy engines inside a graph)
     and an SM kernel (elementwise negate). The larger is the practical HBM ceiling the attention is held to."""
@@ -225,7 +259,10 @@ def main(argv: list[str] | None = None) -> None:
                    "stream-K, 2-8 = clusters of that many CTAs)")
     p.add_argument("--rows", default="", help="also time the wgmma GEMM (and the MLP block) with these tile heights "
                    "forced (64 = fp8_gemm_wgmma64, 128 = fp8_gemm_wgmma)")
+    p.add_argument("--sections", default="gemm,mlp,attention,layer",
+                   help="which tables to time; a subset writes kernels-<sections>-<gpu>-<date> instead")
     args = p.parse_args(argv)
+    sections = args.sections.split(",")
     kernels.warmup(torch.device("cuda"))
     ms = [int(x) for x in args.m.split(",")]
     stages = tuple(int(x) for x in args.stages.split(",") if x)
@@ -242,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
             "| layer | N x K | M | torch bf16 us | torch _scaled_mm us | rtts fp8 GEMM us | plan | mma.sync us "
             "| + act quant us | TB/s (rtts) | TB/s (bf16) | speedup vs bf16 |", "|---" * 12 + "|"]
     gemm: list[dict[str, Any]] = []
-    for name, N, K in S2_GEMMS:
+    for name, N, K in S2_GEMMS if "gemm" in sections else ():
         for M in ms:
             r = bench_gemm(N, K, M, stages, clusters, tile_rows)
             gemm.append({"layer": name, "N": N, "K": K, "M": M, **r})
@@ -256,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     rows += ["", "## MLP block (gate|up GEMM -> SwiGLU + quantize -> down), 2560 -> 9728 -> 2560", "",
              "| M | bf16 us | fp8 us | speedup |", "|---|---|---|---|"]
     mlp = []
-    for M in ms:
+    for M in ms if "mlp" in sections else ():
         r = bench_mlp(M, rows=tile_rows)
         mlp.append({"M": M, **r})
         rows.append(f"| {M} | {r['bf16_us']:.1f} | {r['fp8_us']:.1f} | {r['speedup_vs_bf16']:.2f}x |")
@@ -266,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
              "| batch | context | rtts us | SDPA us | rtts read TB/s | % of copy BW | speedup |",
              "|---|---|---|---|---|---|---|"]
     attn = []
-    for B in (1, 16, 64):
+    for B in (1, 16, 64) if "attention" in sections else ():
         for L in (512, 2048):
             r = bench_attention(B, L)
             r["pct_of_copy"] = 100 * r["ours_read_TBps"] / copy_tbps
@@ -274,10 +311,23 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(f"| {B} | {L} | {r['ours_us']:.1f} | {r['sdpa_us']:.1f} | {r['ours_read_TBps']:.2f} "
                         f"| {r['pct_of_copy']:.0f}% | {r['speedup_vs_sdpa']:.2f}x |")
             print(rows[-1], flush=True)
+    rows += ["", "## Decode-step layer ops (S2-Pro slow shapes, one token per stream; kernel vs the torch ops it "
+             "replaces, us per call)", "",
+             "| batch | rmsnorm | torch | add+rmsnorm | torch | qk-norm+rope+kv store | torch | race draw (4097 ids) "
+             "| torch |", "|---" * 9 + "|"]
+    layer = []
+    for B in (1, 16, 64) if "layer" in sections else ():
+        r = bench_layer_ops(B)
+        layer.append({"B": B, **r})
+        rows.append(f"| {B} | " + " | ".join(f"{r[f'{n}_us']:.1f} | {r[f'{n}_torch_us']:.1f}" for n in
+                                             ("rmsnorm", "add_rmsnorm", "qkv_rope_store", "exponential_race")) + " |")
+        print(rows[-1], flush=True)
     from rtts.kernels import _jit
 
     env = environment()
     env["nvrtc"] = ".".join(map(str, _jit._cupy().cuda.nvrtc.getVersion()))
-    data = {"env": env, **bw, "gemm": gemm, "mlp": mlp, "attention": attn}
-    jp, mp = write_results(args.out, "kernels", data, "\n".join(rows))
+    data = {"env": env, **bw, "gemm": gemm, "mlp": mlp, "attention": attn, "layer_ops": layer}
+    every = {"gemm", "mlp", "attention", "layer"}
+    name = "kernels" if every <= set(sections) else "kernels-" + "-".join(sections)
+    jp, mp = write_results(args.out, name, data, "\n".join(rows))
     print(f"wrote {jp} and {mp}")
