@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rtts.engine import sampling
-from rtts.kernels import norm_rope, race, reference
+from rtts.kernels import draw, norm_rope, reference
 from rtts.kernels.rng import exponential_noise
 from rtts.model.rope import rope_table
 
@@ -64,7 +64,7 @@ def test_reference_race_is_the_torch_race() -> None:
     seeds, counters, ids = torch.tensor([1, -5, 1 << 40]), torch.tensor([0, 7, (1 << 33) + 3]), torch.arange(37) * 11
     want = sampling.race(probs, exponential_noise(seeds, counters, 4, ids))
     assert torch.equal(reference.exponential_race(probs, seeds, counters, 4, ids), want)
-    assert torch.equal(race.exponential_race(probs, seeds, counters, 4, ids), want)  # the CPU takes the reference
+    assert torch.equal(draw.exponential_race(probs, seeds, counters, 4, ids), want)  # the CPU takes the reference
 
 
 def test_layer_op_strict_checks() -> None:
@@ -81,7 +81,7 @@ def test_layer_op_strict_checks() -> None:
         norm_rope.qkv_rope_store(t["qkv"], t["q_norm"], None, 1e-6, t["rope"], t["k_cache"], t["v_cache"],
                                  t["rows"], t["positions"], 2)
     with pytest.raises(ValueError, match="int64"):
-        race.exponential_race(torch.rand(2, 5), torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int64),
+        draw.exponential_race(torch.rand(2, 5), torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int64),
                               0, torch.arange(5))
 
 
@@ -148,8 +148,38 @@ def test_exponential_race_kernel_is_bit_identical(dtype: torch.dtype, B: int, n:
     seeds = torch.randint(-(1 << 62), 1 << 62, (B,), device="cuda", generator=g)
     counters = torch.randint(0, 1 << 40, (B,), device="cuda", generator=g)
     ids = torch.arange(first_id, first_id + n, device="cuda")
-    for draw in (0, 1, 11):
-        got = race.exponential_race(probs, seeds, counters, draw, ids)
-        assert torch.equal(got, reference.exponential_race(probs, seeds, counters, draw, ids)), draw
+    for d in (0, 1, 11):
+        got = draw.exponential_race(probs, seeds, counters, d, ids)
+        assert torch.equal(got, reference.exponential_race(probs, seeds, counters, d, ids)), d
     zero = torch.zeros(2, n, device="cuda", dtype=dtype)  # every ratio 0: the first index, as torch.argmax
-    assert race.exponential_race(zero, seeds[:1].repeat(2), counters[:1].repeat(2), 0, ids).tolist() == [0, 0]
+    assert draw.exponential_race(zero, seeds[:1].repeat(2), counters[:1].repeat(2), 0, ids).tolist() == [0, 0]
+
+
+@GPU
+@pytest.mark.parametrize("ldtype,pdtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                           (torch.float32, torch.float32)])
+@pytest.mark.parametrize("V", [4097, 1024, 33, 8192])
+def test_sample_kernel_matches_the_torch_draw(ldtype: torch.dtype, pdtype: torch.dtype, V: int) -> None:
+    """The fused draw against filtered_probs + race on 192 rows of mixed parameters. Float32 sums in another order
+    can move a rank whose cumulative mass sits on the top-p boundary, or a probability's last bit: a few rows may
+    draw differently, but every drawn token is one the reference keeps and the rest agree."""
+    B = 192
+    g = torch.Generator(device="cuda").manual_seed(V)
+    logits = (torch.randn(B, V, device="cuda", generator=g) * torch.linspace(0.5, 6, B, device="cuda")[:, None])
+    logits = logits.to(ldtype)
+    temp = torch.tensor([0.7, 1.0, 0.3, 1.5], device="cuda").repeat(B // 4).to(pdtype)
+    top_p = torch.tensor([0.8, 0.9, 1.0, 0.5, 0.95, 0.7], device="cuda").repeat(B // 6).to(pdtype)
+    top_k = torch.tensor([30, 1 << 40, 1, 5000, 2, 1 << 40, 7, 1 << 40], device="cuda").repeat(B // 8)
+    seeds = torch.randint(-(1 << 62), 1 << 62, (B,), device="cuda", generator=g)
+    counters = torch.randint(0, 1 << 20, (B,), device="cuda", generator=g)
+    ids = torch.arange(V, device="cuda") + 151_000
+    for d in (0, 3):
+        got = draw.sample(logits, temp, top_p, top_k, seeds, counters, d, ids)
+        probs = reference.filtered_probs(logits, temp, top_p, top_k)
+        want = reference.exponential_race(probs, seeds, counters, d, ids)
+        agree = (got == want).float().mean().item()
+        assert agree >= 0.97, agree
+        cut = (probs.gather(1, got[:, None])[:, 0] == 0).float().mean().item()
+        assert cut <= 0.03, cut  # a token the reference cuts: only at the top-p boundary
+        greedy = top_k == 1  # top-k 1: the largest logit, lowest index on ties, whatever the rest
+        assert torch.equal(got[greedy], logits[greedy].float().argmax(-1))

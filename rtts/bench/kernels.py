@@ -209,7 +209,7 @@ def bench_layer_ops(B: int, dim: int = 2560, H: int = 32, KV: int = 8, D: int = 
                     n_main: int = 4097) -> dict[str, float]:
     """The decode step's small ops at batch B (S2-Pro slow shapes): kernel vs the torch ops they replace. Their
     bytes are tiny (L2-resident), so this is launch and latency, which is what they cost in a step."""
-    from rtts.kernels import norm_rope, race
+    from rtts.kernels import draw, norm_rope
     from rtts.kernels.rng import exponential_noise
     from rtts.model.rope import rope_table
 
@@ -229,7 +229,7 @@ def bench_layer_ops(B: int, dim: int = 2560, H: int = 32, KV: int = 8, D: int = 
         "add_rmsnorm": (lambda: norm_rope.add_rmsnorm(x, r, w, 1e-6), lambda: ref.add_rmsnorm(x, r, w, 1e-6)),
         "qkv_rope_store": (lambda: norm_rope.qkv_rope_store(qkv, qn, kn, 1e-6, rope, kc, vc, rows, pos, H),
                            lambda: ref.qkv_rope_store(qkv, qn, kn, 1e-6, rope, kc, vc, rows, pos, H)),
-        "exponential_race": (lambda: race.exponential_race(probs, seeds, counters, 2, ids),
+        "exponential_race": (lambda: draw.exponential_race(probs, seeds, counters, 2, ids),
                              lambda: torch.argmax(probs.float() / exponential_noise(seeds, counters, 2, ids), -1)),
     }
     out: dict[str, float] = {}

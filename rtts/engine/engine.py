@@ -21,7 +21,7 @@ import torch
 
 from rtts import kernels
 from rtts.engine import sampling
-from rtts.kernels import race
+from rtts.kernels import draw
 from rtts.kernels.rng import exponential_noise
 from rtts.model.dual_ar import DualARTransformer
 from rtts.model.kv_cache import KVCache
@@ -352,12 +352,12 @@ class Engine:
         logits = normed @ self.main_weight.T  # [B, n_main]
 
         if self.format == "s2":
-            probs = sampling.filtered_probs(logits, temp, top_p, top_k)
-            tok = self.main_ids[self._draw(probs, seed, counter, DRAW_MAIN, self.main_ids)]
+            tok = self.main_ids[self._sample(logits, temp, top_p, top_k, seed, counter, DRAW_MAIN, self.main_ids)]
             if decode:
                 ones = torch.ones_like(temp)
-                probs_hi = sampling.filtered_probs(logits, ones * self.ras_temperature, ones * self.ras_top_p, top_k)
-                tok_hi = self.main_ids[self._draw(probs_hi, seed, counter, DRAW_RAS, self.main_ids)]
+                hi = self._sample(logits, ones * self.ras_temperature, ones * self.ras_top_p, top_k, seed, counter,
+                                  DRAW_RAS, self.main_ids)
+                tok_hi = self.main_ids[hi]
                 tok = sampling.ras_choice(tok, tok_hi, st.window[slots][..., 0], self.sem_begin, self.sem_end,
                                           st.ras_on[slots])
             c0 = (tok - self.sem_begin).clamp(0, self.config.codebook_size - 1)
@@ -367,8 +367,7 @@ class Engine:
                 logits = sampling.repetition_penalty(logits, ids, st.penalty[slots])
                 if self.trace is not None:
                     self.trace("slow_logits_penalized", logits)
-            probs = sampling.filtered_probs(logits, temp, top_p, top_k)
-            tok = self._draw(probs, seed, counter, DRAW_MAIN, self.main_ids)
+            tok = self._sample(logits, temp, top_p, top_k, seed, counter, DRAW_MAIN, self.main_ids)
             # S1: no upper clamp on c0 (a non-semantic token makes a text position whose codes are ignored).
             c0 = (tok - self.sem_begin).clamp(min=0)
 
@@ -389,19 +388,19 @@ class Engine:
                 fl = sampling.repetition_penalty(fl, st.ring[slots][:, :, k + 1], st.penalty[slots])
                 if self.trace is not None:
                     self.trace("fast_logits_penalized", fl)
-            probs = sampling.filtered_probs(fl, temp, top_p, top_k)
-            codes.append(self._draw(probs, seed, counter, DRAW_RAS + k, self.fast_ids))
+            codes.append(self._sample(fl, temp, top_p, top_k, seed, counter, DRAW_RAS + k, self.fast_ids))
         col = torch.stack([tok] + codes, dim=1)
         return col, tok
 
-    def _draw(self, probs: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor, draw: int,
-              ids: torch.Tensor) -> torch.Tensor:
-        """The exponential race over `ids` -> [B] indices into ids. With the default noise it is one kernel on the
-        GPU (kernels.race, bit-identical); a substituted noise function (tests replaying fixture noise) goes through
-        the torch race."""
+    def _sample(self, logits: torch.Tensor, temp: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
+                seeds: torch.Tensor, counters: torch.Tensor, draw_id: int, ids: torch.Tensor) -> torch.Tensor:
+        """Filter (top-p/top-k at T = 1, then temperature) and draw over `ids` -> [B] indices into ids. With the
+        default noise it is one kernel on the GPU (kernels.draw.sample); a substituted noise function (tests replaying
+        fixture noise) goes through the torch ops."""
         if self.noise is exponential_noise:
-            return race.exponential_race(probs, seeds, counters, draw, ids)
-        return sampling.race(probs, self.noise(seeds, counters, draw, ids))
+            return draw.sample(logits, temp, top_p, top_k, seeds, counters, draw_id, ids)
+        probs = sampling.filtered_probs(logits, temp, top_p, top_k)
+        return sampling.race(probs, self.noise(seeds, counters, draw_id, ids))
 
     def _commit(
         self, slots: torch.Tensor, col: torch.Tensor, decode: bool, active: torch.Tensor | None = None

@@ -11,36 +11,17 @@ last 10 main tokens. Temperature/top_p are rounded to the model dtype (bf16 in a
 S1 (`dual_ar`): the main token ranges over the whole vocabulary; a repetition penalty over a 16-frame window replaces
 RAS; the fast logits are cut to the first 1024 before the penalty; parameters stay float32.
 
-Sort/softmax/cumsum run in the logits dtype (bf16 in a bf16 run), again as the reference does.
+Sort and softmax run in the logits dtype (bf16 in a bf16 run), again as the reference does; the cumulative sum adds
+the rounded probabilities in float32 and rounds each partial sum (what torch's CPU cumsum does for bf16; its CUDA cumsum
+adds in bf16 in a batch-size dependent tree, which would make the cut depend on the batch). `filtered_probs` and `race`
+live in rtts/kernels/reference.py as the reference of the fused sampling kernel (kernels.sample).
 """
 
 from __future__ import annotations
 
 import torch
 
-
-def filtered_probs(
-    logits: torch.Tensor,  # [B, V]
-    temperature: torch.Tensor,  # [B] (param dtype)
-    top_p: torch.Tensor,  # [B] (param dtype)
-    top_k: torch.Tensor,  # [B] int64; >= V means "no top-k"
-) -> torch.Tensor:
-    """-> probabilities [B, V] in the logits dtype."""
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    cum = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
-    ranks = torch.arange(logits.shape[-1], device=logits.device)
-    cut = (cum > top_p[:, None].to(cum.dtype)) | (ranks[None, :] >= top_k[:, None])
-    cut[:, 0] = False
-    remove = torch.zeros_like(cut).scatter_(-1, order, cut)
-    masked = logits.masked_fill(remove, float("-inf"))
-    # NOTE: divide in float32 and round once, like an op between a bf16 tensor and a float32 scalar.
-    scaled = (masked.float() / temperature.float().clamp(min=1e-5)[:, None]).to(logits.dtype)
-    return torch.softmax(scaled, dim=-1)
-
-
-def race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """Exponential race: probs [B, V], noise Exp(1) [B, V] -> index [B] int64."""
-    return torch.argmax(probs.float() / noise, dim=-1)
+from rtts.kernels.reference import filtered_probs, race  # noqa: F401  (the draw's math; one kernel on the GPU)
 
 
 def repetition_penalty(logits: torch.Tensor, ids: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:

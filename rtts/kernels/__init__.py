@@ -525,7 +525,7 @@ def warmup(device: torch.device) -> None:
                                   attention_smem_bytes(d))
     _jit.function("decode_attention.cu", "decode_attention_merge")
     _jit.function("token_window.cu", "token_window_shift")
-    from rtts.kernels import norm_rope, race
+    from rtts.kernels import draw, norm_rope
 
     norm_rope.warmup()
-    race.warmup()
+    draw.warmup()

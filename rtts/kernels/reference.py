@@ -189,3 +189,32 @@ def exponential_race(probs: torch.Tensor, seeds: torch.Tensor, counters: torch.T
     from rtts.kernels.rng import exponential_noise
 
     return torch.argmax(probs.float() / exponential_noise(seeds, counters, draw, ids), dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------------- sampling
+
+
+def filtered_probs(
+    logits: torch.Tensor,  # [B, V]
+    temperature: torch.Tensor,  # [B] (param dtype)
+    top_p: torch.Tensor,  # [B] (param dtype)
+    top_k: torch.Tensor,  # [B] int64; >= V means "no top-k"
+) -> torch.Tensor:
+    """-> probabilities [B, V] in the logits dtype."""
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    # float32 running sum of the rounded probabilities, each partial rounded (torch's CPU cumsum for bf16; see
+    # rtts/engine/sampling.py)
+    cum = torch.cumsum(torch.softmax(sorted_logits, dim=-1).float(), dim=-1).to(logits.dtype)
+    ranks = torch.arange(logits.shape[-1], device=logits.device)
+    cut = (cum > top_p[:, None].to(cum.dtype)) | (ranks[None, :] >= top_k[:, None])
+    cut[:, 0] = False
+    remove = torch.zeros_like(cut).scatter_(-1, order, cut)
+    masked = logits.masked_fill(remove, float("-inf"))
+    # NOTE: divide in float32 and round once, like an op between a bf16 tensor and a float32 scalar.
+    scaled = (masked.float() / temperature.float().clamp(min=1e-5)[:, None]).to(logits.dtype)
+    return torch.softmax(scaled, dim=-1)
+
+
+def race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Exponential race: probs [B, V], noise Exp(1) [B, V] -> index [B] int64."""
+    return torch.argmax(probs.float() / noise, dim=-1)

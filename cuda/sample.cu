@@ -1,0 +1,203 @@
+// One sampling draw per batch row in one kernel: top-p / top-k filtering at temperature 1, the temperature softmax,
+// and the exponential race (exponential_race.cu's noise), over at most SAMPLE_MAX_V candidates (S2's 4097 main ids,
+// the fast codebooks). The torch form (rtts/kernels/reference.py: filtered_probs + race) is a radix sort, a scan, a
+// scatter, two softmaxes, an argmax and ~10 elementwise kernels per draw, 11 draws per frame.
+//
+// Per row, in the logits dtype T (bf16 or float32) as the reference rounds:
+//   1. sort descending, ties by lower index (a bitonic sort of 64-bit keys in shared memory);
+//   2. p_r = T(exp(x_r - x_0) / sum), the softmax at temperature 1 over the sorted logits;
+//   3. cum_r = T(p_0 + ... + p_r) accumulated in float32; rank r is cut when cum_r > T(top_p) or r >= top_k; rank 0
+//      is always kept, and as cum is non-decreasing the kept ranks are a prefix [0, K);
+//   4. s_r = T(x_r / max(temperature, 1e-5)) on the kept ranks, q_r = T(exp(s_r - s_0) / sum over kept);
+//   5. the winner is argmax q_r / noise(id_r), ties to the lower original index.
+// The float32 sums (steps 2-4) are trees here and run in other orders in torch, so a rank whose cumulative mass lies
+// within a rounding of top_p can fall on the other side of the cut than in the reference; everything else is the
+// same arithmetic.
+// Block: SAMPLE_THREADS threads; dynamic shared memory: NP 64-bit keys (NP = V rounded up to a power of two).
+#include "common.cuh"
+
+#define SAMPLE_THREADS 1024
+#define SAMPLE_MAX_V 8192
+#define MIX_MUL 0x045D9F3Bu
+#define GOLD 0x9E3779B1u
+
+__device__ __forceinline__ unsigned mix32(unsigned x) {
+    x = ((x >> 16) ^ x) * MIX_MUL;
+    x = ((x >> 16) ^ x) * MIX_MUL;
+    return (x >> 16) ^ x;
+}
+
+__device__ __forceinline__ unsigned stream_key(i64 seed, i64 counter, unsigned draw_mul) {
+    unsigned k = mix32((unsigned)seed ^ draw_mul);
+    k = mix32(k ^ (unsigned)((unsigned long long)seed >> 32));
+    k = mix32(k ^ (unsigned)counter);
+    return mix32(k ^ (unsigned)((unsigned long long)counter >> 32));
+}
+
+__device__ __forceinline__ float exp1_noise(unsigned key, i64 id) {
+    unsigned h = mix32(key ^ ((unsigned)id * 0x61C8864Fu));
+    h = mix32(h ^ (h >> 7) ^ GOLD);
+    return -logf(((float)(h >> 8) + 0.5f) * (1.0f / 16777216.0f));
+}
+
+template <typename T>
+__device__ __forceinline__ float load_as_float(const T* p, i64 i);
+template <>
+__device__ __forceinline__ float load_as_float<bf16_t>(const bf16_t* p, i64 i) { return bf16_to_float(p[i]); }
+template <>
+__device__ __forceinline__ float load_as_float<float>(const float* p, i64 i) { return p[i]; }
+
+// Round to the logits dtype and back.
+template <typename T>
+__device__ __forceinline__ float to_dtype(float v);
+template <>
+__device__ __forceinline__ float to_dtype<bf16_t>(float v) { return bf16_to_float(float_to_bf16(v)); }
+template <>
+__device__ __forceinline__ float to_dtype<float>(float v) { return v; }
+
+// Float bits -> an unsigned whose ascending order is the floats' ascending order (finite values and infinities).
+__device__ __forceinline__ unsigned ordered(float v) {
+    const unsigned u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float unordered(unsigned o) {
+    return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
+}
+
+__device__ __forceinline__ float block_reduce_sum(float v, float* red) {
+    v = warp_sum(v);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();  // red may still be read from the previous reduction
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    return warp_sum(lane < SAMPLE_THREADS / 32 ? red[lane] : 0.f);
+}
+
+// logits [B, V] (row stride ldl); temperature, top_p [B] (param dtype P); top_k int64 [B]; seeds, counters int64 [B];
+// ids int64 [V]; draw_mul = (draw * 0x27D4EB2F) mod 2^32; NP = V rounded up to a power of two (<= SAMPLE_MAX_V)
+// -> out int64 [B]: the drawn index into ids
+template <typename T, typename P>
+__device__ __forceinline__ void sample_row(const T* __restrict__ logits, int ldl, const P* __restrict__ temperature,
+                                           const P* __restrict__ top_p, const i64* __restrict__ top_k,
+                                           const i64* __restrict__ seeds, const i64* __restrict__ counters,
+                                           const i64* __restrict__ ids, int V, int NP, unsigned draw_mul,
+                                           i64* __restrict__ out) {
+    extern __shared__ unsigned long long keys[];  // [NP]
+    __shared__ float red[SAMPLE_THREADS / 32];
+    __shared__ float scan_tot[SAMPLE_THREADS / 32];
+    __shared__ int cut_at;
+    __shared__ float best_v[SAMPLE_THREADS / 32];
+    __shared__ int best_i[SAMPLE_THREADS / 32];
+    const int b = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const T* x = logits + (i64)b * ldl;
+
+    // 1. keys: descending value, then ascending index; padding sorts last
+    for (int i = tid; i < NP; i += SAMPLE_THREADS)
+        keys[i] = i < V ? ((unsigned long long)~ordered(load_as_float<T>(x, i)) << 32) | (unsigned)i : ~0ull;
+    if (tid == 0) cut_at = V;
+    __syncthreads();
+    for (int k = 2; k <= NP; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = tid; i < NP; i += SAMPLE_THREADS) {
+                const int l = i ^ j;
+                if (l > i) {
+                    const unsigned long long a = keys[i], c = keys[l];
+                    if (((i & k) == 0) == (a > c)) {
+                        keys[i] = c;
+                        keys[l] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    auto value = [&](int r) { return unordered(~(unsigned)(keys[r] >> 32)); };
+    const float x0 = value(0);
+
+    // 2. softmax at temperature 1 over the sorted logits
+    float s = 0.f;
+    for (int r = tid; r < V; r += SAMPLE_THREADS) s += expf(value(r) - x0);
+    const float sum = block_reduce_sum(s, red);
+
+    // 3. cumulative mass: each thread scans a run of consecutive ranks, runs are offset by a block scan
+    const int per = NP / SAMPLE_THREADS > 0 ? NP / SAMPLE_THREADS : 1;
+    const int r0 = tid * per;
+    float run = 0.f;
+    for (int r = r0; r < r0 + per && r < V; ++r) run += to_dtype<T>(expf(value(r) - x0) / sum);
+    float incl = run;  // inclusive scan of the runs within the warp
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const float v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    if (lane == 31) scan_tot[warp] = incl;
+    __syncthreads();
+    float before = incl - run;
+    for (int w = 0; w < warp; ++w) before += scan_tot[w];
+    const float tp = to_dtype<T>(load_as_float<P>(top_p, b));
+    const i64 tk = top_k[b];
+    float cum = before;
+    for (int r = r0; r < r0 + per && r < V; ++r) {
+        cum += to_dtype<T>(expf(value(r) - x0) / sum);
+        if (r > 0 && (to_dtype<T>(cum) > tp || (i64)r >= tk)) {
+            atomicMin(&cut_at, r);
+            break;
+        }
+    }
+    __syncthreads();
+    const int K = cut_at;  // kept ranks [0, K), K >= 1
+
+    // 4. temperature softmax over the kept ranks
+    const float t = fmaxf(load_as_float<P>(temperature, b), 1e-5f);
+    const float s0 = to_dtype<T>(x0 / t);
+    float s2 = 0.f;
+    for (int r = tid; r < K; r += SAMPLE_THREADS) s2 += expf(to_dtype<T>(value(r) / t) - s0);
+    const float sum2 = block_reduce_sum(s2, red);
+
+    // 5. exponential race among the kept ranks; ties to the lower original index
+    const unsigned key = stream_key(seeds[b], counters[b], draw_mul);
+    float best = -1.f;
+    int at = 0x7fffffff;
+    for (int r = tid; r < K; r += SAMPLE_THREADS) {
+        const int i = (int)(keys[r] & 0xffffffffu);
+        const float q = to_dtype<T>(expf(to_dtype<T>(value(r) / t) - s0) / sum2);
+        const float v = q / exp1_noise(key, ids[i]);
+        if (v > best || (v == best && i < at)) {
+            best = v;
+            at = i;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v2 = __shfl_xor_sync(0xffffffffu, best, o);
+        const int i2 = __shfl_xor_sync(0xffffffffu, at, o);
+        if (v2 > best || (v2 == best && i2 < at)) {
+            best = v2;
+            at = i2;
+        }
+    }
+    if (lane == 0) {
+        best_v[warp] = best;
+        best_i[warp] = at;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        for (int w = 1; w < SAMPLE_THREADS / 32; ++w)
+            if (best_v[w] > best || (best_v[w] == best && best_i[w] < at)) {
+                best = best_v[w];
+                at = best_i[w];
+            }
+        out[b] = at;
+    }
+}
+
+#define DEFINE_SAMPLE(NAME, T, P)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)                                                   \
+        NAME(const T* logits, int ldl, const P* temperature, const P* top_p, const i64* top_k, const i64* seeds,   \
+             const i64* counters, const i64* ids, int V, int NP, unsigned draw_mul, i64* out) {                    \
+        sample_row<T, P>(logits, ldl, temperature, top_p, top_k, seeds, counters, ids, V, NP, draw_mul, out);     \
+    }
+
+DEFINE_SAMPLE(sample_bf16_bf16, bf16_t, bf16_t)
+DEFINE_SAMPLE(sample_bf16_f32, bf16_t, float)
+DEFINE_SAMPLE(sample_f32_f32, float, float)

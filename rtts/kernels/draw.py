@@ -1,0 +1,101 @@
+"""The sampling draw as single kernels. A frame draws 11 times, and in torch each draw is ~15 kernels of filtering
+(sort, softmax, scan, scatter, ...) and ~70 integer kernels building the noise.
+
+- `sample` (cuda/sample.cu): top-p / top-k at temperature 1, the temperature softmax and the race, for up to 8192
+  candidates (S2's main ids and every fast codebook; S1's main vocabulary is larger and keeps the torch path).
+- `exponential_race` (cuda/exponential_race.cu): argmax(probs / q) with q the stream's counter-based Exp(1) noise
+  (rng.py), bit-identical to the reference (integer hash, exact uniform, the same logf and division).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rtts.kernels import _check, _i32, _use_cuda, reference
+
+_THREADS = 256  # must match cuda/exponential_race.cu
+_SAMPLE_THREADS, _SAMPLE_MAX_V = 1024, 8192  # must match cuda/sample.cu
+_DRAW_MUL = 0x27D4EB2F  # rng.stream_keys: the draw id's multiplier
+
+
+def exponential_race(probs: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor, draw: int,
+                     ids: torch.Tensor) -> torch.Tensor:
+    """probs [B, n] (bf16 or float32), seeds/counters int64 [B], ids int64 [n] -> [B] int64 indices into ids."""
+    _check(probs.dim() == 2 and ids.shape == (probs.shape[1],) and seeds.shape == counters.shape == (probs.shape[0],),
+           f"exponential_race: probs [B, n], ids [n], seeds/counters [B]; got {tuple(probs.shape)}, "
+           f"{tuple(ids.shape)}, {tuple(seeds.shape)}, {tuple(counters.shape)}")
+    _check(ids.dtype == seeds.dtype == counters.dtype == torch.int64, "exponential_race: ids, seeds, counters int64")
+    _check(draw >= 0, f"exponential_race: draw id {draw} must be >= 0")
+    if probs.dtype not in (torch.bfloat16, torch.float32) or not _use_cuda(probs, seeds, counters, ids):
+        return reference.exponential_race(probs, seeds, counters, draw, ids)
+    _check(probs.stride(1) == 1 and seeds.is_contiguous() and counters.is_contiguous() and ids.is_contiguous(),
+           "exponential_race: probs rows and the index tensors must be contiguous")
+    from rtts.kernels import _jit
+
+    B, n = probs.shape
+    out = torch.empty(B, dtype=torch.int64, device=probs.device)
+    if B:
+        kernel = "exponential_race_bf16" if probs.dtype == torch.bfloat16 else "exponential_race_f32"
+        _jit.launch(_jit.function("exponential_race.cu", kernel), (B,), (_THREADS,),
+                    (probs.data_ptr(), _i32(probs.stride(0)), seeds.data_ptr(), counters.data_ptr(), ids.data_ptr(),
+                     _i32(n), np.uint32(draw * _DRAW_MUL & 0xFFFFFFFF), out.data_ptr()))
+    return out
+
+
+_SAMPLE_KERNELS = {(torch.bfloat16, torch.bfloat16): "sample_bf16_bf16", (torch.bfloat16, torch.float32):
+                   "sample_bf16_f32", (torch.float32, torch.float32): "sample_f32_f32"}
+
+
+def sample_fast(logits: torch.Tensor, temperature: torch.Tensor) -> bool:
+    """Whether `sample` runs its kernel for these (else the torch ops, identical math)."""
+    return ((logits.dtype, temperature.dtype) in _SAMPLE_KERNELS and logits.dim() == 2
+            and 0 < logits.shape[1] <= _SAMPLE_MAX_V and _use_cuda(logits, temperature))
+
+
+def sample(
+    logits: torch.Tensor,  # [B, V]
+    temperature: torch.Tensor,  # [B] (param dtype)
+    top_p: torch.Tensor,  # [B] (param dtype)
+    top_k: torch.Tensor,  # [B] int64
+    seeds: torch.Tensor,  # [B] int64
+    counters: torch.Tensor,  # [B] int64
+    draw: int,
+    ids: torch.Tensor,  # [V] int64: the vocabulary id of each logit column (the noise is a function of it)
+) -> torch.Tensor:
+    """reference.filtered_probs + the exponential race with the default noise -> [B] int64 indices into ids."""
+    _check(logits.dim() == 2 and ids.shape == (logits.shape[1],), f"sample: logits [B, V] and ids [V]; got "
+           f"{tuple(logits.shape)}, {tuple(ids.shape)}")
+    B = logits.shape[0]
+    _check(all(t.shape == (B,) for t in (temperature, top_p, top_k, seeds, counters)),
+           f"sample: temperature, top_p, top_k, seeds, counters must be [{B}]")
+    _check(top_p.dtype == temperature.dtype and top_k.dtype == ids.dtype == seeds.dtype == counters.dtype
+           == torch.int64, "sample: top_p in the temperature's dtype; top_k, seeds, counters, ids int64")
+    _check(draw >= 0, f"sample: draw id {draw} must be >= 0")
+    if not sample_fast(logits, temperature) or not _use_cuda(top_p, top_k, seeds, counters, ids):
+        probs = reference.filtered_probs(logits, temperature, top_p, top_k)
+        return reference.exponential_race(probs, seeds, counters, draw, ids)
+    _check(logits.stride(1) == 1 and all(t.is_contiguous() for t in (temperature, top_p, top_k, seeds, counters, ids)),
+           "sample: logits rows and the per-row tensors must be contiguous")
+    from rtts.kernels import _jit
+
+    V = logits.shape[1]
+    NP = 1 << (V - 1).bit_length()
+    out = torch.empty(B, dtype=torch.int64, device=logits.device)
+    if B:
+        fn = _jit.function("sample.cu", _SAMPLE_KERNELS[(logits.dtype, temperature.dtype)])
+        _jit.set_dynamic_smem(fn, 8 * NP)
+        _jit.launch(fn, (B,), (_SAMPLE_THREADS,),
+                    (logits.data_ptr(), _i32(logits.stride(0)), temperature.data_ptr(), top_p.data_ptr(),
+                     top_k.data_ptr(), seeds.data_ptr(), counters.data_ptr(), ids.data_ptr(), _i32(V), _i32(NP),
+                     np.uint32(draw * _DRAW_MUL & 0xFFFFFFFF), out.data_ptr()), shared_mem=8 * NP)
+    return out
+
+
+def warmup() -> None:
+    from rtts.kernels import _jit
+
+    for name in ("exponential_race_bf16", "exponential_race_f32"):
+        _jit.function("exponential_race.cu", name)
+    for name in _SAMPLE_KERNELS.values():
+        _jit.set_dynamic_smem(_jit.function("sample.cu", name), 8 * _SAMPLE_MAX_V)
