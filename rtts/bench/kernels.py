@@ -221,7 +221,10 @@ def bench_layer_ops(B: int, dim: int = 2560, H: int = 32, KV: int = 8, D: int = 
     rows, pos = torch.arange(B, device=dev), torch.full((B, 1), ctx // 2, device=dev)
     rope = rope_table(ctx, D, 1e6, dev)[pos]
     qn, kn = (torch.rand(D, device=dev, dtype=bf) + 0.5 for _ in range(2))
-    probs = torch.softmax(torch.randn(B, n_main, device=dev), -1).to(bf)
+    logits = (torch.randn(B, n_main, device=dev) * 3).to(bf)
+    probs = torch.softmax(logits.float(), -1).to(bf)
+    temp, top_p = torch.full((B,), 0.8, device=dev, dtype=bf), torch.full((B,), 0.8, device=dev, dtype=bf)
+    top_k = torch.full((B,), 30, device=dev)
     seeds, counters, ids = torch.arange(B, device=dev), torch.zeros(B, dtype=torch.int64, device=dev), \
         torch.arange(n_main, device=dev)
     ops: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
@@ -231,6 +234,9 @@ def bench_layer_ops(B: int, dim: int = 2560, H: int = 32, KV: int = 8, D: int = 
                            lambda: ref.qkv_rope_store(qkv, qn, kn, 1e-6, rope, kc, vc, rows, pos, H)),
         "exponential_race": (lambda: draw.exponential_race(probs, seeds, counters, 2, ids),
                              lambda: torch.argmax(probs.float() / exponential_noise(seeds, counters, 2, ids), -1)),
+        "sample": (lambda: draw.sample(logits, temp, top_p, top_k, seeds, counters, 2, ids),
+                   lambda: ref.exponential_race(ref.filtered_probs(logits, temp, top_p, top_k), seeds, counters, 2,
+                                                ids)),
     }
     out: dict[str, float] = {}
     for name, (ours, torch_ops) in ops.items():
@@ -313,14 +319,15 @@ def main(argv: list[str] | None = None) -> None:
             print(rows[-1], flush=True)
     rows += ["", "## Decode-step layer ops (S2-Pro slow shapes, one token per stream; kernel vs the torch ops it "
              "replaces, us per call)", "",
-             "| batch | rmsnorm | torch | add+rmsnorm | torch | qk-norm+rope+kv store | torch | race draw (4097 ids) "
-             "| torch |", "|---" * 9 + "|"]
+             "| batch | rmsnorm | torch | add+rmsnorm | torch | qk-norm+rope+kv store | torch | race (4097 ids) "
+             "| torch | top-p/top-k + race (4097) | torch |", "|---" * 11 + "|"]
     layer = []
     for B in (1, 16, 64) if "layer" in sections else ():
         r = bench_layer_ops(B)
         layer.append({"B": B, **r})
         rows.append(f"| {B} | " + " | ".join(f"{r[f'{n}_us']:.1f} | {r[f'{n}_torch_us']:.1f}" for n in
-                                             ("rmsnorm", "add_rmsnorm", "qkv_rope_store", "exponential_race")) + " |")
+                                             ("rmsnorm", "add_rmsnorm", "qkv_rope_store", "exponential_race",
+                                              "sample")) + " |")
         print(rows[-1], flush=True)
     from rtts.kernels import _jit
 
