@@ -15,7 +15,13 @@ import torch
 from rtts.kernels import _check, _i32, _use_cuda, reference
 
 _THREADS = 256  # must match cuda/exponential_race.cu
-_SAMPLE_THREADS, _SAMPLE_MAX_V = 1024, 8192  # must match cuda/sample.cu
+_SAMPLE_THREADS, _SAMPLE_MAX_V, _SAMPLE_BINS = 1024, 8192, 4096  # must match cuda/sample.cu
+
+
+def sample_smem_bytes(NP: int) -> int:
+    """cuda/sample.cu's dynamic shared memory for rows of up to NP logits: the row (float), the histogram (count and
+    mass per bin), the candidate keys (64-bit) and the ranked candidates."""
+    return 4 * NP + 8 * _SAMPLE_BINS + 8 * NP + 8 * _SAMPLE_THREADS
 _DRAW_MUL = 0x27D4EB2F  # rng.stream_keys: the draw id's multiplier
 
 
@@ -80,15 +86,15 @@ def sample(
     from rtts.kernels import _jit
 
     V = logits.shape[1]
-    NP = 1 << (V - 1).bit_length()
+    NP = max(2, 1 << (V - 1).bit_length())
     out = torch.empty(B, dtype=torch.int64, device=logits.device)
     if B:
         fn = _jit.function("sample.cu", _SAMPLE_KERNELS[(logits.dtype, temperature.dtype)])
-        _jit.set_dynamic_smem(fn, 8 * NP)
+        _jit.set_dynamic_smem(fn, sample_smem_bytes(NP))
         _jit.launch(fn, (B,), (_SAMPLE_THREADS,),
                     (logits.data_ptr(), _i32(logits.stride(0)), temperature.data_ptr(), top_p.data_ptr(),
                      top_k.data_ptr(), seeds.data_ptr(), counters.data_ptr(), ids.data_ptr(), _i32(V), _i32(NP),
-                     np.uint32(draw * _DRAW_MUL & 0xFFFFFFFF), out.data_ptr()), shared_mem=8 * NP)
+                     np.uint32(draw * _DRAW_MUL & 0xFFFFFFFF), out.data_ptr()), shared_mem=sample_smem_bytes(NP))
     return out
 
 
@@ -98,4 +104,4 @@ def warmup() -> None:
     for name in ("exponential_race_bf16", "exponential_race_f32"):
         _jit.function("exponential_race.cu", name)
     for name in _SAMPLE_KERNELS.values():
-        _jit.set_dynamic_smem(_jit.function("sample.cu", name), 8 * _SAMPLE_MAX_V)
+        _jit.set_dynamic_smem(_jit.function("sample.cu", name), sample_smem_bytes(_SAMPLE_MAX_V))
