@@ -200,7 +200,8 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int ldl
     for (int q = 0; q < PER; ++q) {
         c_before += bin_n[tid * PER + q];
         m_before += bin_m[tid * PER + q];
-        if ((i64)c_before >= tk || m_before > (float)tp + SAMPLE_MARGIN) {
+        // (at least one token: top_k <= 0, as on the scratch slot's padded rows, still keeps rank 0)
+        if (c_before > 0 && ((i64)c_before >= tk || m_before > tp + SAMPLE_MARGIN)) {
             atomicMin(&stop_bin, tid * PER + q);
             break;
         }
@@ -252,7 +253,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int ldl
         }
     }
     __syncthreads();
-    const int K = min(cut_at, C);  // kept ranks [0, K), K >= 1
+    const int K = max(1, min(cut_at, C));  // kept ranks [0, K): rank 0 always
 
     // 6. temperature softmax over the kept ranks
     const float t = fmaxf(load_as_float<P>(temperature, b), 1e-5f);

@@ -167,9 +167,10 @@ def test_sample_kernel_matches_the_torch_draw(ldtype: torch.dtype, pdtype: torch
     g = torch.Generator(device="cuda").manual_seed(V)
     logits = (torch.randn(B, V, device="cuda", generator=g) * torch.linspace(0.5, 6, B, device="cuda")[:, None])
     logits = logits.to(ldtype)
-    temp = torch.tensor([0.7, 1.0, 0.3, 1.5], device="cuda").repeat(B // 4).to(pdtype)
-    top_p = torch.tensor([0.8, 0.9, 1.0, 0.5, 0.95, 0.7], device="cuda").repeat(B // 6).to(pdtype)
-    top_k = torch.tensor([30, 1 << 40, 1, 5000, 2, 1 << 40, 7, 1 << 40], device="cuda").repeat(B // 8)
+    temp = torch.tensor([0.7, 1.0, 0.3, 1.5, 0.0, 0.8], device="cuda").repeat(B // 6).to(pdtype)
+    top_p = torch.tensor([0.8, 0.9, 1.0, 0.5, 0.95, 0.7, 0.0, 0.6], device="cuda").repeat(B // 8).to(pdtype)
+    top_k = torch.tensor([30, 1 << 40, 1, 5000, 2, 1 << 40, 7, 0, 1 << 40, 64, 1 << 40, 3], device="cuda")
+    top_k = top_k.repeat(B // 12)
     seeds = torch.randint(-(1 << 62), 1 << 62, (B,), device="cuda", generator=g)
     counters = torch.randint(0, 1 << 20, (B,), device="cuda", generator=g)
     ids = torch.arange(V, device="cuda") + 151_000
@@ -181,5 +182,6 @@ def test_sample_kernel_matches_the_torch_draw(ldtype: torch.dtype, pdtype: torch
         assert agree >= 0.97, agree
         cut = (probs.gather(1, got[:, None])[:, 0] == 0).float().mean().item()
         assert cut <= 0.03, cut  # a token the reference cuts: only at the top-p boundary
-        greedy = top_k == 1  # top-k 1: the largest logit, lowest index on ties, whatever the rest
+        # top-k 1, or top-k / top-p 0 (the scratch slot's padded rows): the largest logit, lowest index on ties
+        greedy = (top_k <= 1) | (top_p == 0)
         assert torch.equal(got[greedy], logits[greedy].float().argmax(-1))
