@@ -185,3 +185,25 @@ def test_sample_kernel_matches_the_torch_draw(ldtype: torch.dtype, pdtype: torch
         # top-k 1, or top-k / top-p 0 (the scratch slot's padded rows): the largest logit, lowest index on ties
         greedy = (top_k <= 1) | (top_p == 0)
         assert torch.equal(got[greedy], logits[greedy].float().argmax(-1))
+
+
+@GPU
+@pytest.mark.parametrize("M,D", [(1, 2560), (3, 1024), (64, 2560), (6, 128)])
+def test_rmsnorm_quant_kernels(M: int, D: int) -> None:
+    """The quantized norm kernels against quantize_1x128 of the bf16 norm: the same FP8 bytes and scales but where
+    the norm's float32 sum rounded a value differently (checked through the dequantized rows)."""
+    g = torch.Generator(device="cuda").manual_seed(M * D)
+    x = (torch.randn(M, D, device="cuda", generator=g) * 2 + 0.3).bfloat16()
+    r = (torch.randn(M, D, device="cuda", generator=g) - 0.2).bfloat16()
+    w = (torch.rand(D, device="cuda", generator=g) + 0.5).bfloat16()
+    h, got2 = norm_rope.add_rmsnorm_quant(x, r, w, 1e-6)
+    h_ref, want2 = reference.add_rmsnorm(x, r, w, 1e-6)
+    assert torch.equal(h, h_ref)
+    for got, want in ((norm_rope.rmsnorm_quant(x, w, 1e-6), reference.rmsnorm(x, w, 1e-6)), (got2, want2)):
+        q_ref, s_ref = reference.quantize_1x128(want)
+        assert got.q.shape == q_ref.shape and got.scale.shape == s_ref.shape
+        deq = got.q.float().view(M, D // 128, 128) * got.scale[:, :M].T[..., None]
+        deq_ref = q_ref.float().view(M, D // 128, 128) * s_ref[:, :M].T[..., None]
+        torch.testing.assert_close(deq, deq_ref, rtol=0.13, atol=1e-3)  # one e4m3 step at most
+        assert float((got.q.view(torch.uint8) == q_ref.view(torch.uint8)).float().mean()) > 0.9
+        assert torch.equal(got.scale[:, M:], s_ref[:, M:])  # padding rows: zero scales

@@ -100,3 +100,28 @@ def test_quantize_cli_refuses_bad_input(tmp_path: Path, golden: Path, capsys: py
 def test_gate_on_gpu_kernels(demo: tuple[Path, Path]) -> None:
     r = run_gate(*demo, device="cuda")
     assert r.passed, vars(r)
+
+
+def test_norm_kernels_quantize_for_the_fp8_linears(demo: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An FP8 block takes its wqkv/MLP inputs quantized by the norm itself (norm_rope.rmsnorm_quant): the same values
+    as normalizing in bf16 and letting each FP8 linear quantize."""
+    from rtts.model.dual_ar import Block
+    from rtts.model.rope import rope_table
+
+    _, dst = demo
+    lm = load_model(dst, dtype=torch.bfloat16)
+    block = lm.model.layers[0]
+    assert block.fp8_inputs
+    att = block.attention
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, lm.config.dim, generator=g).bfloat16()
+    rows, positions = torch.tensor([0, 1]), torch.tensor([[0, 1, 2], [4, 5, 6]])
+    rope = rope_table(8, att.head_dim, lm.config.rope_base)[positions]
+    outs = []
+    for fused in (True, False):
+        monkeypatch.setattr(Block, "fp8_inputs", property(lambda self, f=fused: f))
+        kc = torch.zeros(2, 8, att.n_kv, att.head_dim, dtype=torch.bfloat16)
+        vc = torch.zeros_like(kc)
+        with torch.inference_mode():
+            outs.append((block(x, rope, kc, vc, rows, positions, 8), kc))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])

@@ -230,6 +230,8 @@ def bench_layer_ops(B: int, dim: int = 2560, H: int = 32, KV: int = 8, D: int = 
     ops: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
         "rmsnorm": (lambda: norm_rope.rmsnorm(x, w, 1e-6), lambda: ref.rmsnorm(x, w, 1e-6)),
         "add_rmsnorm": (lambda: norm_rope.add_rmsnorm(x, r, w, 1e-6), lambda: ref.add_rmsnorm(x, r, w, 1e-6)),
+        "rmsnorm_quant": (lambda: norm_rope.rmsnorm_quant(x, w, 1e-6),
+                          lambda: kernels.quantize_1x128(norm_rope.rmsnorm(x, w, 1e-6).view(B, dim))),
         "qkv_rope_store": (lambda: norm_rope.qkv_rope_store(qkv, qn, kn, 1e-6, rope, kc, vc, rows, pos, H),
                            lambda: ref.qkv_rope_store(qkv, qn, kn, 1e-6, rope, kc, vc, rows, pos, H)),
         "exponential_race": (lambda: draw.exponential_race(probs, seeds, counters, 2, ids),
@@ -319,15 +321,16 @@ def main(argv: list[str] | None = None) -> None:
             print(rows[-1], flush=True)
     rows += ["", "## Decode-step layer ops (S2-Pro slow shapes, one token per stream; kernel vs the torch ops it "
              "replaces, us per call)", "",
-             "| batch | rmsnorm | torch | add+rmsnorm | torch | qk-norm+rope+kv store | torch | race (4097 ids) "
-             "| torch | top-p/top-k + race (4097) | torch |", "|---" * 11 + "|"]
+             "| batch | rmsnorm | torch | add+rmsnorm | torch | rmsnorm+quantize | rmsnorm kernel, then quantize "
+             "| qk-norm+rope+kv store | torch | race (4097 ids) | torch | top-p/top-k + race (4097) | torch |",
+             "|---" * 13 + "|"]
     layer = []
     for B in (1, 16, 64) if "layer" in sections else ():
         r = bench_layer_ops(B)
         layer.append({"B": B, **r})
         rows.append(f"| {B} | " + " | ".join(f"{r[f'{n}_us']:.1f} | {r[f'{n}_torch_us']:.1f}" for n in
-                                             ("rmsnorm", "add_rmsnorm", "qkv_rope_store", "exponential_race",
-                                              "sample")) + " |")
+                                             ("rmsnorm", "add_rmsnorm", "rmsnorm_quant", "qkv_rope_store",
+                                              "exponential_race", "sample")) + " |")
         print(rows[-1], flush=True)
     from rtts.kernels import _jit
 

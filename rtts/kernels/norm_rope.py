@@ -9,14 +9,27 @@ reference.py, the same math op for op.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from rtts.kernels import _check, _i32, _use_cuda, reference
+from rtts.kernels.reference import FP8, pad4
 
 _ROPE_WARPS = 8  # must match cuda/rope_store.cu
 _NORM_THREADS = 256  # must match cuda/rmsnorm.cu
+
+
+@dataclass
+class QuantizedRows:
+    """A normalized activation already quantized 1x128 for the FP8 GEMM it feeds (quantize_1x128's layout): the norm
+    kernel writes it instead of bf16 rows, and FP8 linears take it in place of their input tensor."""
+
+    q: torch.Tensor  # fp8 [M, K]
+    scale: torch.Tensor  # fp32 [K/128, pad4(M)]
+    shape: torch.Size  # of the activation it stands for, [..., K]
+    dtype: torch.dtype  # of that activation (an FP8 linear returns its output in it)
 
 
 def _bf16_cuda(*ts: torch.Tensor) -> bool:
@@ -57,6 +70,51 @@ def add_rmsnorm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float) -
                     (x.data_ptr(), r.data_ptr(), w.data_ptr(), h.data_ptr(), y.data_ptr(), _i32(D), np.float32(eps)),
                     pdl=True)
     return h, y
+
+
+def rmsnorm_quant(x: torch.Tensor, w: torch.Tensor, eps: float) -> QuantizedRows:
+    """rmsnorm(x) * w, as bf16 values, quantized 1x128 (what an FP8 linear would do to rmsnorm's output)."""
+    D = x.shape[-1]
+    _check(w.shape == (D,) and D % 128 == 0, f"rmsnorm_quant: weight {tuple(w.shape)}, rows of {D} (a multiple of 128)")
+    if not _bf16_cuda(x, w):
+        q, s = reference.quantize_1x128(reference.rmsnorm(x, w, eps).to(torch.bfloat16).reshape(-1, D))
+        return QuantizedRows(q, s, x.shape, x.dtype)
+    _check(x.is_contiguous() and w.is_contiguous(), "rmsnorm_quant: x and w must be contiguous")
+    from rtts.kernels import _jit
+
+    M = x.numel() // D
+    q = torch.empty(M, D, dtype=FP8, device=x.device)
+    s = torch.empty(D // 128, pad4(M), dtype=torch.float32, device=x.device)  # the kernel writes the padding too
+    if M:
+        _jit.launch(_jit.function("rmsnorm.cu", "rmsnorm_quant_bf16"), (M,), (_NORM_THREADS,),
+                    (x.data_ptr(), w.data_ptr(), q.data_ptr(), s.data_ptr(), _i32(M), _i32(pad4(M)), _i32(D),
+                     np.float32(eps)), pdl=True)
+    return QuantizedRows(q, s, x.shape, x.dtype)
+
+
+def add_rmsnorm_quant(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor,
+                      eps: float) -> tuple[torch.Tensor, QuantizedRows]:
+    """h = x + r -> (h, rmsnorm(h) * w quantized 1x128)."""
+    D = x.shape[-1]
+    _check(r.shape == x.shape and w.shape == (D,) and D % 128 == 0,
+           f"add_rmsnorm_quant: x {tuple(x.shape)}, r {tuple(r.shape)}, w {tuple(w.shape)} (rows a multiple of 128)")
+    if not _bf16_cuda(x, r, w):
+        h, y = reference.add_rmsnorm(x, r, w, eps)
+        q, s = reference.quantize_1x128(y.to(torch.bfloat16).reshape(-1, D))
+        return h, QuantizedRows(q, s, x.shape, x.dtype)
+    _check(x.is_contiguous() and r.is_contiguous() and w.is_contiguous(),
+           "add_rmsnorm_quant: tensors must be contiguous")
+    from rtts.kernels import _jit
+
+    M = x.numel() // D
+    h = torch.empty_like(x)
+    q = torch.empty(M, D, dtype=FP8, device=x.device)
+    s = torch.empty(D // 128, pad4(M), dtype=torch.float32, device=x.device)
+    if M:
+        _jit.launch(_jit.function("rmsnorm.cu", "add_rmsnorm_quant_bf16"), (M,), (_NORM_THREADS,),
+                    (x.data_ptr(), r.data_ptr(), w.data_ptr(), h.data_ptr(), q.data_ptr(), s.data_ptr(), _i32(M),
+                     _i32(pad4(M)), _i32(D), np.float32(eps)), pdl=True)
+    return h, QuantizedRows(q, s, x.shape, x.dtype)
 
 
 def qkv_rope_store(
@@ -109,6 +167,6 @@ def qkv_rope_store(
 def warmup() -> None:
     from rtts.kernels import _jit
 
-    for name in ("rmsnorm_bf16", "add_rmsnorm_bf16"):
+    for name in ("rmsnorm_bf16", "add_rmsnorm_bf16", "rmsnorm_quant_bf16", "add_rmsnorm_quant_bf16"):
         _jit.function("rmsnorm.cu", name)
     _jit.function("rope_store.cu", "qkv_rope_store")

@@ -20,6 +20,7 @@ from torch import nn
 
 from rtts import kernels
 from rtts.kernels import norm_rope
+from rtts.kernels.norm_rope import QuantizedRows
 from rtts.model.config import DualARConfig
 from rtts.model.layers import FeedForward, RMSNorm
 
@@ -45,7 +46,7 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # [B, S, dim]
+        x: torch.Tensor | QuantizedRows,  # [B, S, dim] (quantized when wqkv is an FP8 linear)
         rope: torch.Tensor,  # [B or 1, S, head_dim // 2, 2]
         k_cache: torch.Tensor,  # [rows, ctx, n_kv, head_dim]
         v_cache: torch.Tensor,  # [rows, ctx, n_kv, head_dim]
@@ -68,7 +69,7 @@ class Attention(nn.Module):
         keys = k_cache[:, :kv_len][rows].transpose(1, 2).to(q.dtype)  # [B, n_kv, L, hd]
         values = v_cache[:, :kv_len][rows].transpose(1, 2).to(q.dtype)
         # Key j is visible to the query at position p iff j <= p: causal over the whole history of the row.
-        mask = torch.arange(kv_len, device=x.device)[None, None, :] <= positions[:, :, None]  # [B, S, L]
+        mask = torch.arange(kv_len, device=positions.device)[None, None, :] <= positions[:, :, None]  # [B, S, L]
         # GQA without repeating K/V: the g query heads sharing a KV head become g*S query rows of that head
         # (query head h uses KV head h // g), so one K/V read serves the whole group.
         g = self.n_head // self.n_kv
@@ -97,9 +98,21 @@ class Block(nn.Module):
         positions: torch.Tensor,
         kv_len: int,
     ) -> torch.Tensor:
-        a = self.attention(self.attention_norm(x), rope, k_cache, v_cache, rows, positions, kv_len)
-        h, normed = norm_rope.add_rmsnorm(x, a, self.ffn_norm.weight, self.ffn_norm.eps)  # h = x + a
-        return h + self.feed_forward(normed)
+        an, fn = self.attention_norm, self.ffn_norm
+        if self.fp8_inputs:  # the norm kernels quantize for the FP8 GEMMs themselves (no quantize kernel after them)
+            a = self.attention(norm_rope.rmsnorm_quant(x, an.weight, an.eps), rope, k_cache, v_cache, rows,
+                               positions, kv_len)
+            h, normed = norm_rope.add_rmsnorm_quant(x, a, fn.weight, fn.eps)  # h = x + a
+            return h + self.feed_forward(normed)
+        a = self.attention(an(x), rope, k_cache, v_cache, rows, positions, kv_len)
+        h, y = norm_rope.add_rmsnorm(x, a, fn.weight, fn.eps)
+        return h + self.feed_forward(y)
+
+    @property
+    def fp8_inputs(self) -> bool:
+        """Both consumers of a norm (wqkv, the MLP) are FP8 modules that take quantized rows."""
+        return (getattr(self.attention.wqkv, "takes_quantized", False)
+                and getattr(self.feed_forward, "takes_quantized", False))
 
 
 class DualARTransformer(nn.Module):

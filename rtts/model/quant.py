@@ -24,6 +24,7 @@ from torch import nn
 
 from rtts import kernels
 from rtts.kernels import reference
+from rtts.kernels.norm_rope import QuantizedRows
 from rtts.model.layers import FeedForward
 
 QUANT_CONFIG = {"method": "fp8_block", "block": [128, 128]}
@@ -46,7 +47,12 @@ class FP8Linear(nn.Module):
             torch.empty(-(-out_features // 128), -(-in_features // 128), dtype=torch.float32), requires_grad=False
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    takes_quantized = True  # forward() also takes the norm kernels' quantized rows (norm_rope.QuantizedRows)
+
+    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
+        if isinstance(x, QuantizedRows):
+            y = kernels.fp8_gemm(x.q, x.scale, self.weight, self.weight_scale)
+            return y.view(*x.shape[:-1], y.shape[-1]).to(x.dtype)
         return kernels.fp8_linear(x.to(torch.bfloat16), self.weight, self.weight_scale).to(x.dtype)
 
     def pack(self) -> None:
@@ -79,13 +85,18 @@ class FP8FeedForward(nn.Module):
         self.gate_up_scale = torch.cat([self.w1.weight_scale.data, self.w3.weight_scale.data])
         self.w1.weight.data, self.w3.weight.data = self.gate_up[:hidden], self.gate_up[hidden:]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    takes_quantized = True  # forward() also takes the norm kernels' quantized rows (norm_rope.QuantizedRows)
+
+    def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
+        if isinstance(x, QuantizedRows):
+            x2: torch.Tensor | QuantizedRows = QuantizedRows(x.q, x.scale, x.q.shape, torch.bfloat16)
+        else:
+            x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()
         if self.gate_up is None or self.gate_up_scale is None:
             h = nn.functional.silu(self.w1(x2)) * self.w3(x2)
             return self.w2(h).view(*lead, -1).to(x.dtype)
-        xq, sx = kernels.quantize_1x128(x2)
+        xq, sx = (x2.q, x2.scale) if isinstance(x2, QuantizedRows) else kernels.quantize_1x128(x2)
         gu = kernels.fp8_gemm(xq, sx, self.gate_up, self.gate_up_scale)  # [M, 2I]
         hq, sh = kernels.swiglu_quantize(gu)
         y = kernels.fp8_gemm(hq, sh, self.w2.weight, self.w2.weight_scale)
