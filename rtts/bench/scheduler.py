@@ -11,8 +11,10 @@ measurement window, so the decode batch stays at `c`. Numbers:
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -66,6 +68,12 @@ class Point:
     gpu_gap_ms: float
     gpu_idle_share: float
     realtime_factor_per_stream: float  # audio seconds produced per wall second, per stream
+    # turns that ended in the window: how (finish reason -> count), their mean length, and the time from `speak` to
+    # the turn's first audio for turns that started in the window (the next turn is spoken as soon as one ends)
+    turn_ends: dict[str, int] = field(default_factory=dict)
+    mean_frames_per_turn: float = 0.0
+    turn_first_audio_ms_p50: float = 0.0
+    turn_first_audio_ms_max: float = 0.0
 
 
 def measure(sch: Scheduler, c: int, codec_name: str, warmup: float, seconds: float, ref_frames: int,
@@ -81,14 +89,26 @@ def measure(sch: Scheduler, c: int, codec_name: str, warmup: float, seconds: flo
     outboxes = [h.speak(TEXT, params) for h in handles]
     delivered = [0] * c
     dec = sch.decode
+    window: list[float | None] = [None]  # the measured window's start while inside it
+    ends: Counter[str] = Counter()
+    turn_frames: list[int] = []
+    first_audio: list[float] = []
+    waiting = [True] * c  # no audio yet from the stream's current turn
 
     def pump() -> None:
         for i, ob in enumerate(outboxes):
             while (item := ob.poll()) is not None:
                 if isinstance(item, AudioChunk):
                     delivered[i] += item.frames
+                    if waiting[i] and window[0] is not None and item.t_submit >= window[0]:
+                        first_audio.append(1e3 * (item.t_ready - item.t_submit))
+                    waiting[i] = False
                 elif isinstance(item, TurnEnd):
+                    if window[0] is not None:
+                        ends[item.reason.name] += 1
+                        turn_frames.append(item.frames)
                     outboxes[i] = handles[i].speak(TEXT, params)
+                    waiting[i] = True
 
     # Warm up until every stream has audio (all voice prompts and first turns prefilled), then `warmup` more.
     t_start = time.perf_counter()
@@ -102,10 +122,12 @@ def measure(sch: Scheduler, c: int, codec_name: str, warmup: float, seconds: flo
     dec.profile = []
     steps0, rows0, d0 = dec.stats.steps, dec.stats.rows, list(delivered)
     t0 = time.perf_counter()
+    window[0] = t0
     while time.perf_counter() - t0 < seconds:
         pump()
         time.sleep(0.001)
     dt = time.perf_counter() - t0
+    window[0] = None
     steps, rows, prof = dec.stats.steps - steps0, dec.stats.rows - rows0, dec.profile
     dec.profile = None
     per = [(delivered[i] - d0[i]) / dt for i in range(c)]
@@ -128,6 +150,9 @@ def measure(sch: Scheduler, c: int, codec_name: str, warmup: float, seconds: flo
         gpu_step_ms=step_ms, gpu_gap_ms=gap_ms,
         gpu_idle_share=gap_ms / (step_ms + gap_ms) if step_ms + gap_ms > 0 else 0.0,
         realtime_factor_per_stream=sum(per) / c * frame_s,
+        turn_ends=dict(ends), mean_frames_per_turn=statistics.fmean(turn_frames) if turn_frames else 0.0,
+        turn_first_audio_ms_p50=statistics.median(first_audio) if first_audio else 0.0,
+        turn_first_audio_ms_max=max(first_audio, default=0.0),
     )
 
 
@@ -178,14 +203,18 @@ def main(argv: list[str] | None = None) -> None:
         sch.stop()
     base = next((pt.decode_frames_per_s for pt in points if pt.concurrency == 1 and pt.codec == "none"), None)
     rows = ["| codec | c | decode frames/s | delivered frames/s | per-stream frames/s (mean / min) | RTF/stream "
-            "| steps/s | GPU step ms | GPU gap ms | GPU idle | vs c=1 |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| steps/s | GPU step ms | GPU gap ms | GPU idle | vs c=1 | turn ends (frames/turn) "
+            "| turn first audio ms p50 / max |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for pt in points:
         ratio = f"{pt.decode_frames_per_s / base:.1f}x" if base else "-"
         rows.append(f"| {pt.codec} | {pt.concurrency} | {pt.decode_frames_per_s:.0f} | {pt.delivered_frames_per_s:.0f} "
                     f"| {pt.per_stream_frames_per_s_mean:.1f} / {pt.per_stream_frames_per_s_min:.1f} "
                     f"| {pt.realtime_factor_per_stream:.2f} | {pt.steps_per_s:.0f} | {pt.gpu_step_ms:.2f} "
-                    f"| {pt.gpu_gap_ms:.3f} | {100 * pt.gpu_idle_share:.1f}% | {ratio} |")
+                    f"| {pt.gpu_gap_ms:.3f} | {100 * pt.gpu_idle_share:.1f}% | {ratio} "
+                    f"| {' '.join(f'{k} {v}' for k, v in sorted(pt.turn_ends.items())) or '-'} "
+                    f"({pt.mean_frames_per_turn:.0f}) "
+                    f"| {pt.turn_first_audio_ms_p50:.0f} / {pt.turn_first_audio_ms_max:.0f} |")
     data = {
         "env": environment(),
         "config": {k: v for k, v in vars(args).items()},

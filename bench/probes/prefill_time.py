@@ -1,0 +1,69 @@
+"""How long a prefill forward takes, bf16 against FP8 (S2-Pro shapes, random weights): a probe, not a benchmark.
+
+    python bench/probes/prefill_time.py OUT
+
+One slot's prompt of 40 / 128 / 320 / 512 positions (a text turn up to a voice prompt's chunk) and a batch of 8
+turns of 40, each timed as engine.prefill_batch between two synchronizations (median of 5 after a warm-up), first
+with the bf16 model, then with the same weights quantized. Writes OUT/prefill-time.json.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from rtts.engine.engine import Engine, PrefillItem
+from rtts.model.random_checkpoint import random_model
+
+
+def time_prefill(eng: Engine, items: list[PrefillItem], reps: int = 5) -> float:
+    times = []
+    for _ in range(reps + 1):
+        for it in items:
+            eng.host_pos[it.slot] = 0
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        eng.prefill_batch(items)
+        torch.cuda.synchronize()
+        times.append(1e3 * (time.perf_counter() - t))
+    return statistics.median(times[1:])
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device("cuda")
+    lm, _ = random_model("s2-pro", dev, torch.bfloat16)
+    rows = lm.config.num_codebooks + 1
+    gen = torch.Generator().manual_seed(0)
+
+    def cols(n: int) -> torch.Tensor:
+        c = torch.zeros(rows, n, dtype=torch.int64)
+        c[0] = torch.randint(0, 1000, (n,), generator=gen)
+        return c
+
+    cases = {f"1 x {n}": [PrefillItem(0, cols(n))] for n in (40, 128, 320, 512)}
+    cases["8 x 40"] = [PrefillItem(i, cols(40)) for i in range(8)]
+    res: dict[str, dict[str, float]] = {}
+    for kind in ("bf16", "fp8"):
+        if kind == "fp8":
+            from rtts.model.quant import quantize_model_
+
+            quantize_model_(lm.model)
+            torch.cuda.empty_cache()
+        eng = Engine(lm, max_slots=8, max_ctx=1024, prefill_chunk=512)
+        res[kind] = {name: time_prefill(eng, items) for name, items in cases.items()}
+        del eng
+        torch.cuda.empty_cache()
+    (out / "prefill-time.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "ms": res}, indent=1))
+    for name in cases:
+        print(f"{name:8s} bf16 {res['bf16'][name]:7.2f} ms   fp8 {res['fp8'][name]:7.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
