@@ -4,7 +4,9 @@
 
 One slot's prompt of 40 / 128 / 320 / 512 positions (a text turn up to a voice prompt's chunk) and a batch of 8
 turns of 40, each timed as engine.prefill_batch between two synchronizations (median of 5 after a warm-up), first
-with the bf16 model, then with the same weights quantized. Writes OUT/prefill-time.json.
+with the bf16 model, then with the same weights quantized; then 40-position turns at context lengths not seen before
+(the first call per shape), with torch's default attention backend and with the memory-efficient one forced.
+Writes OUT/prefill-time.json.
 """
 
 from __future__ import annotations
@@ -60,7 +62,28 @@ def main() -> None:
         res[kind] = {name: time_prefill(eng, items) for name, items in cases.items()}
         del eng
         torch.cuda.empty_cache()
-    (out / "prefill-time.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "ms": res}, indent=1))
+    # A turn's prefill at a context length never seen before (every turn is one): the first call per shape, with
+    # torch's default attention backend choice and with the memory-efficient kernel forced.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    fresh: dict[str, list[float]] = {}
+    eng = Engine(lm, max_slots=8, max_ctx=1024, prefill_chunk=512)
+    for kind, backends in (("default", None), ("efficient", [SDPBackend.EFFICIENT_ATTENTION])):
+        fresh[kind] = []
+        for p0 in range(101 if kind == "default" else 103, 900, 97):
+            eng.host_pos[0] = p0
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            if backends is None:
+                eng.prefill_batch([PrefillItem(0, cols(40))])
+            else:
+                with sdpa_kernel(backends):
+                    eng.prefill_batch([PrefillItem(0, cols(40))])
+            torch.cuda.synchronize()
+            fresh[kind].append(1e3 * (time.perf_counter() - t))
+        print(f"fresh context lengths, {kind}: " + " ".join(f"{v:.0f}" for v in fresh[kind]) + " ms")
+    (out / "prefill-time.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "ms": res,
+                                                       "fresh_lengths_ms": fresh}, indent=1))
     for name in cases:
         print(f"{name:8s} bf16 {res['bf16'][name]:7.2f} ms   fp8 {res['fp8'][name]:7.2f} ms")
 

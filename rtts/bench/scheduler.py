@@ -25,7 +25,8 @@ from rtts.model.codec import CodecConfig
 from rtts.model.prompt import Reference
 from rtts.model.random_checkpoint import random_model
 from rtts.pingpong import AudioChunk, Scheduler, SchedulerConfig, TurnEnd
-from rtts.types import SamplingParams
+from rtts.pingpong.slots import NoSlotError
+from rtts.types import FinishReason, SamplingParams
 
 TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs back home through the quiet evening streets "
         "while the city lights come on one by one.")
@@ -80,11 +81,12 @@ def measure(sch: Scheduler, c: int, codec_name: str, warmup: float, seconds: flo
             max_frames: int) -> Point:
     gen = torch.Generator().manual_seed(c)
     n_sem = sch.engine.tokenizer.num_semantic
-    handles = []
+    handles, refs = [], []
     for _ in range(c):
         codes = torch.randint(0, min(1024, sch.engine.config.codebook_size), (10, ref_frames), generator=gen)
         codes[0] = torch.randint(0, n_sem, (ref_frames,), generator=gen)
-        handles.append(sch.open([Reference("A reference sentence for the voice of this stream.", codes)]))
+        refs.append(Reference("A reference sentence for the voice of this stream.", codes))
+        handles.append(sch.open([refs[-1]]))
     params = SamplingParams(temperature=0.8, top_p=0.8, top_k=30, max_frames=max_frames)
     outboxes = [h.speak(TEXT, params) for h in handles]
     delivered = [0] * c
@@ -94,10 +96,11 @@ def measure(sch: Scheduler, c: int, codec_name: str, warmup: float, seconds: flo
     turn_frames: list[int] = []
     first_audio: list[float] = []
     waiting = [True] * c  # no audio yet from the stream's current turn
+    reopen: set[int] = set()  # streams whose session ended on a full context, waiting for a slot
 
     def pump() -> None:
         for i, ob in enumerate(outboxes):
-            while (item := ob.poll()) is not None:
+            while i not in reopen and (item := ob.poll()) is not None:
                 if isinstance(item, AudioChunk):
                     delivered[i] += item.frames
                     if waiting[i] and window[0] is not None and item.t_submit >= window[0]:
@@ -107,8 +110,22 @@ def measure(sch: Scheduler, c: int, codec_name: str, warmup: float, seconds: flo
                     if window[0] is not None:
                         ends[item.reason.name] += 1
                         turn_frames.append(item.frames)
+                    if item.reason in (FinishReason.CONTEXT, FinishReason.ERROR):
+                        # The stream's context is full (turn after turn of up to max_frames): a new session with the
+                        # same voice, as a client would open, once the old one's slot is free.
+                        handles[i].close()
+                        reopen.add(i)
+                        break
                     outboxes[i] = handles[i].speak(TEXT, params)
                     waiting[i] = True
+        for i in list(reopen):
+            try:
+                handles[i] = sch.open([refs[i]])
+            except NoSlotError:
+                continue
+            reopen.discard(i)
+            outboxes[i] = handles[i].speak(TEXT, params)
+            waiting[i] = True
 
     # Warm up until every stream has audio (all voice prompts and first turns prefilled), then `warmup` more.
     t_start = time.perf_counter()
@@ -131,8 +148,9 @@ def measure(sch: Scheduler, c: int, codec_name: str, warmup: float, seconds: flo
     steps, rows, prof = dec.stats.steps - steps0, dec.stats.rows - rows0, dec.profile
     dec.profile = None
     per = [(delivered[i] - d0[i]) / dt for i in range(c)]
-    for h in handles:
-        h.close()
+    for i, h in enumerate(handles):
+        if i not in reopen:
+            h.close()
     step_ms = gap_ms = 0.0
     if prof and len(prof) > 2:
         prof[-1][1].synchronize()
