@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # How the GPU numbers in bench/results and latency_reports were produced (one H200, no internet).
-# Usage on the GPU machine, from the repository root: bench/run_h200.sh OUT_DIR [tests] [kernels] [sched] [fp8] [ttfa]
+# Usage on the GPU machine, from the repository root:
+#   bench/run_h200.sh OUT_DIR [tests] [kernels] [layer] [sched] [fp8] [profile] [prefill] [ttfa]
+# (SCHED_CONC=1,16,64 picks the scheduler concurrencies, KERNEL_ARGS extra kernel-bench flags)
 # Python packages the image lacks travel as wheels in .whl/ (see the device tool's README).
 # Pass RTTS_COMMIT=<sha> from the machine that sent the tree: the copy on the GPU machine may carry a stale .git.
 set -u
@@ -17,6 +19,9 @@ for step in "$@"; do
              --seconds 5 --warmup 1.5 --out "$OUT" 2>&1 | grep -v "^Point" | tail -8 ;;
     fp8) timeout 200 python3 -m rtts.bench scheduler --preset s2-pro --fp8 --concurrency 1,16,64 --codec none \
            --seconds 5 --warmup 1.5 --out "$OUT" 2>&1 | grep -v "^Point" | tail -8 ;;
+    layer) timeout 120 python3 -m rtts.bench kernels --sections layer --out "$OUT" 2>&1 | grep "^|" ;;
+    profile) timeout 200 python3 bench/probes/step_profile.py "$OUT" --fp8 --batches 1,16,64 2>&1 | grep -E "^B=" ;;
+    prefill) timeout 150 python3 bench/probes/prefill_time.py "$OUT" 2>&1 | grep -E "ms" ;;
     ttfa)
       python3 -m rtts serve --random-preset s2-pro --device cuda --max-running 16 --max-ctx 2048 --port 8090 \
         > "$OUT/serve.log" 2>&1 &
