@@ -69,7 +69,7 @@ __device__ __forceinline__ void race_row(const P* __restrict__ probs, int ldp, c
     __syncthreads();
     if (tid == 0) {
         for (int w = 1; w < RACE_THREADS / 32; ++w) keep_best(best, at, bv[w], bi[w]);
-        out[b] = at;
+        out[b] = at < n ? at : 0;  // NaN probabilities win nothing: still an index the caller may use
     }
 }
 

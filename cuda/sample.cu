@@ -58,9 +58,10 @@ __device__ __forceinline__ float to_dtype<bf16_t>(float v) { return bf16_to_floa
 template <>
 __device__ __forceinline__ float to_dtype<float>(float v) { return v; }
 
-// Float bits -> an unsigned whose ascending order is the floats' ascending order (finite values and infinities).
+// Float bits -> an unsigned whose ascending order is the floats' ascending order (finite values and infinities);
+// -0 becomes +0 first, so the two zeros tie (and go by index) as in torch's sort.
 __device__ __forceinline__ unsigned ordered(float v) {
-    const unsigned u = __float_as_uint(v);
+    const unsigned u = __float_as_uint(v + 0.0f);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 __device__ __forceinline__ float unordered(unsigned o) {
@@ -237,7 +238,9 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int ldl
     auto value = [&](int r) { return xs[(int)(order[r] & 0xffffffffu)]; };
 
     // 5. cumulative mass over the sorted candidates: runs of consecutive ranks per thread, offset by a block scan
-    const int per = (C + SAMPLE_THREADS - 1) / SAMPLE_THREADS;
+    // Runs fixed by NP, not by C: the candidate count depends on the order of the histogram's float atomics, and a
+    // rank's cumulative mass must not (the same seed gives the same draw).
+    const int per = NP > SAMPLE_THREADS ? NP / SAMPLE_THREADS : 1;
     const int r0 = tid * per;
     float run = 0.f;
     for (int r = r0; r < r0 + per && r < C; ++r) run += to_dtype<T>(expf(value(r) - x0) / sum);
@@ -295,7 +298,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int ldl
                 best = best_v[w];
                 at = best_i[w];
             }
-        out[b] = at;
+        out[b] = at < V ? at : 0;  // NaN logits win nothing: still an index the caller may use
     }
 }
 

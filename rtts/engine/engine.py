@@ -126,6 +126,12 @@ class Engine:
         self.im_end = self.tokenizer.im_end_id
 
         dev = self.device
+        if dev.type == "cuda":
+            # No cuDNN attention in this process: it builds a plan for every new shape, and every prefill is one (a
+            # new context length): 80-1100 ms on a turn's first audio on the H200 against a flat ~40 ms for the
+            # memory-efficient kernel (bench/probes/prefill_time.py). A process-wide flag, set once here rather than
+            # around each call: the prefill, decode and codec threads all run attention.
+            torch.backends.cuda.enable_cudnn_sdp(False)
         # One spare position past max_ctx: a frozen slot that rides along in a step writes its K/V at `pos`, which
         # is max_ctx for a slot whose context is exactly full.
         self.kv = KVCache.allocate(cfg.n_layer, max_slots + 1, self.max_ctx + 1, cfg.n_local_heads,

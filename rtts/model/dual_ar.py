@@ -17,15 +17,12 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rtts import kernels
 from rtts.kernels import norm_rope
 from rtts.kernels.norm_rope import QuantizedRows
 from rtts.model.config import DualARConfig
 from rtts.model.layers import FeedForward, RMSNorm
-
-_PREFILL_ATTENTION = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class Attention(nn.Module):
@@ -78,15 +75,7 @@ class Attention(nn.Module):
         g = self.n_head // self.n_kv
         qg = q.view(B, S, self.n_kv, g, self.head_dim).permute(0, 2, 3, 1, 4).reshape(B, self.n_kv, g * S, -1)
         mg = mask[:, None, None].expand(B, 1, g, S, kv_len).reshape(B, 1, g * S, kv_len)
-        scale = 1.0 / math.sqrt(self.head_dim)
-        if qg.is_cuda:
-            # The memory-efficient kernel: torch's default pick on the H200 (cuDNN) builds a plan for every new shape,
-            # and every prefill is one (a new context length): 80-1100 ms on a turn's first audio, against a flat
-            # ~40 ms (bench/probes/prefill_time.py).
-            with sdpa_kernel(_PREFILL_ATTENTION):
-                out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mg, scale=scale)
-        else:
-            out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mg, scale=scale)
+        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mg, scale=1.0 / math.sqrt(self.head_dim))
         out = out.view(B, self.n_kv, g, S, self.head_dim).permute(0, 3, 1, 2, 4)  # [B, S, n_kv, g, hd]
         return self.wo(out.reshape(B, S, qs))
 

@@ -18,7 +18,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Normalize in float32, cast back, then scale (the reference's order; it matters in bf16): one kernel on the
         # GPU in bf16, the torch ops otherwise.
-        return norm_rope.rmsnorm(x, self.weight, self.eps)
+        # (the kernel reads whole rows: the codec normalizes a transposed view)
+        return norm_rope.rmsnorm(x if x.is_contiguous() else x.contiguous(), self.weight, self.eps)
 
 
 class FeedForward(nn.Module):
