@@ -207,3 +207,24 @@ def test_rmsnorm_quant_kernels(M: int, D: int) -> None:
         torch.testing.assert_close(deq, deq_ref, rtol=0.13, atol=1e-3)  # one e4m3 step at most
         assert float((got.q.view(torch.uint8) == q_ref.view(torch.uint8)).float().mean()) > 0.9
         assert torch.equal(got.scale[:, M:], s_ref[:, M:])  # padding rows: zero scales
+
+
+@GPU
+def test_draw_kernels_on_nan_rows_and_signed_zeros() -> None:
+    """A NaN row (broken weights, an overflow) must still give an index the engine can use, not a device assert;
+    -0 and +0 logits tie and go by index, as in torch's sort."""
+    V = 300
+    ids = torch.arange(V, device="cuda")
+    seeds, counters = torch.tensor([1, 2], device="cuda"), torch.tensor([0, 0], device="cuda")
+    one = torch.ones(2, device="cuda")
+    nan = torch.full((2, V), float("nan"), device="cuda")
+    got = draw.sample(nan, one, one * 0.9, torch.tensor([30, 1 << 40], device="cuda"), seeds, counters, 0, ids)
+    assert bool(((got >= 0) & (got < V)).all())
+    got = draw.exponential_race(nan, seeds, counters, 0, ids)
+    assert bool(((got >= 0) & (got < V)).all())
+    zeros = torch.zeros(2, V, device="cuda")
+    zeros[:, ::2] = -0.0
+    top1 = torch.ones(2, dtype=torch.int64, device="cuda")
+    assert draw.sample(zeros, one, one, top1, seeds, counters, 0, ids).tolist() == [0, 0]
+    zeros[:, 0] = -1.0  # index 1 (+0) and index 2 (-0) tie: the lower index
+    assert draw.sample(zeros, one, one, top1, seeds, counters, 0, ids).tolist() == [1, 1]
