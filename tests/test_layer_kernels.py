@@ -223,8 +223,6 @@ def test_draw_kernels_on_nan_rows_and_signed_zeros() -> None:
     got = draw.exponential_race(nan, seeds, counters, 0, ids)
     assert bool(((got >= 0) & (got < V)).all())
     zeros = torch.zeros(2, V, device="cuda")
-    zeros[:, ::2] = -0.0
+    zeros[:, 0], zeros[:, 1] = -1.0, -0.0  # the largest logits: -0 at index 1, +0 from index 2 on
     top1 = torch.ones(2, dtype=torch.int64, device="cuda")
-    assert draw.sample(zeros, one, one, top1, seeds, counters, 0, ids).tolist() == [0, 0]
-    zeros[:, 0] = -1.0  # index 1 (+0) and index 2 (-0) tie: the lower index
-    assert draw.sample(zeros, one, one, top1, seeds, counters, 0, ids).tolist() == [1, 1]
+    assert draw.sample(zeros, one, one, top1, seeds, counters, 0, ids).tolist() == [1, 1]  # -0 ties +0: lowest index
