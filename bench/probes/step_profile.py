@@ -4,7 +4,7 @@
 
 For each batch size: the step replayed from its CUDA graph (median us over replays, as the scheduler runs it), then
 the same step run eagerly under torch.profiler with every stage of the step labelled (slow transformer, slow head,
-main-token sampling, noise, fast transformer, ...): the GPU time and kernel count of each label, the kernel count
+the draws, fast transformer, ...): the GPU time and kernel count of each label, the kernel count
 and summed kernel time of one graph replay, and the kernels that take the most time. Writes
 OUT/step-profile-<dtype>.json.
 """
@@ -26,6 +26,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from rtts.engine import sampling
 from rtts.engine.engine import Engine
 from rtts.engine.graphs import DecodeRunner
+from rtts.kernels import draw
 from rtts.model.random_checkpoint import random_model
 
 
@@ -47,10 +48,9 @@ def label_stages(eng: Engine) -> None:
     m.forward_slow = labelled(m.forward_slow, "slow_transformer")  # type: ignore[method-assign]
     m.slow_head = labelled(m.slow_head, "slow_head")  # type: ignore[method-assign]
     m.forward_fast = labelled(m.forward_fast, "fast_transformer")  # type: ignore[method-assign]
-    eng.noise = labelled(eng.noise, "noise")
     eng._commit = labelled(eng._commit, "commit")  # type: ignore[method-assign]
-    sampling.filtered_probs = labelled(sampling.filtered_probs, "filtered_probs")  # type: ignore[assignment]
-    sampling.race = labelled(sampling.race, "race")  # type: ignore[assignment]
+    # The draw: labelled where the engine calls it (wrapping eng.noise would send the draw down the torch path).
+    draw.sample = labelled(draw.sample, "sample")  # type: ignore[assignment]
     sampling.ras_choice = labelled(sampling.ras_choice, "ras_choice")  # type: ignore[assignment]
 
 
@@ -156,8 +156,7 @@ def main() -> None:
     runner = DecodeRunner(eng)
     runner.capture()
     build = time.perf_counter() - t0
-    labels = ["embed", "slow_transformer", "slow_head", "fast_transformer", "noise", "commit", "filtered_probs",
-              "race", "ras_choice"]
+    labels = ["embed", "slow_transformer", "slow_head", "fast_transformer", "sample", "commit", "ras_choice"]
     label_stages(eng)
     gpu = torch.cuda.get_device_name() if dev.type == "cuda" else "none"
     results = {"preset": preset, "fp8": fp8, "ctx": ctx, "build_and_capture_s": build, "gpu": gpu,
