@@ -97,16 +97,23 @@ class Block(nn.Module):
         rows: torch.Tensor,
         positions: torch.Tensor,
         kv_len: int,
-    ) -> torch.Tensor:
+        residual: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the residual stream; residual: the previous block's MLP output, not yet added to it (the add runs in
+        this block's first norm kernel) -> (h, mlp_out), the stream before this block's MLP output and that output:
+        the next block or the caller adds them."""
         an, fn = self.attention_norm, self.ffn_norm
-        if self.fp8_inputs:  # the norm kernels quantize for the FP8 GEMMs themselves (no quantize kernel after them)
-            a = self.attention(norm_rope.rmsnorm_quant(x, an.weight, an.eps), rope, k_cache, v_cache, rows,
-                               positions, kv_len)
-            h, normed = norm_rope.add_rmsnorm_quant(x, a, fn.weight, fn.eps)  # h = x + a
-            return h + self.feed_forward(normed)
-        a = self.attention(an(x), rope, k_cache, v_cache, rows, positions, kv_len)
-        h, y = norm_rope.add_rmsnorm(x, a, fn.weight, fn.eps)
-        return h + self.feed_forward(y)
+        # FP8 blocks: the norm kernels quantize for the FP8 GEMMs themselves (no quantize kernel after them).
+        fp8 = self.fp8_inputs
+        add_norm = norm_rope.add_rmsnorm_quant if fp8 else norm_rope.add_rmsnorm
+        n: torch.Tensor | QuantizedRows
+        if residual is not None:
+            x, n = add_norm(x, residual, an.weight, an.eps)
+        else:
+            n = norm_rope.rmsnorm_quant(x, an.weight, an.eps) if fp8 else an(x)
+        a = self.attention(n, rope, k_cache, v_cache, rows, positions, kv_len)
+        h, n2 = add_norm(x, a, fn.weight, fn.eps)  # h = x + a
+        return h, self.feed_forward(n2)
 
     @property
     def fp8_inputs(self) -> bool:
@@ -184,9 +191,10 @@ class DualARTransformer(nn.Module):
         kv_len: int,
     ) -> torch.Tensor:
         """Runs the slow stack, writing K/V of the new positions; returns the pre-norm hidden [B, S, dim]."""
+        r = None  # each block's MLP output is added to the stream by the next block's norm kernel
         for i, layer in enumerate(self.layers):
-            x = layer(x, rope, k_cache[i], v_cache[i], slots, positions, kv_len)
-        return x
+            x, r = layer(x, rope, k_cache[i], v_cache[i], slots, positions, kv_len, residual=r)
+        return x if r is None else x + r
 
     def head_weight(self) -> torch.Tensor:
         """[vocab, dim]: the tied embedding (S2) or the separate output head (S1)."""
@@ -213,6 +221,10 @@ class DualARTransformer(nn.Module):
         kv_len: int,
     ) -> torch.Tensor:
         """One fast step over positions `positions` -> codebook logits [B, S, codebook_size]."""
+        r = None
         for i, layer in enumerate(self.fast_layers):
-            x = layer(x, rope, k_cache[i], v_cache[i], rows, positions, kv_len)
-        return self.fast_output(self.fast_norm(x))
+            x, r = layer(x, rope, k_cache[i], v_cache[i], rows, positions, kv_len, residual=r)
+        if r is None:
+            return self.fast_output(self.fast_norm(x))
+        _, normed = norm_rope.add_rmsnorm(x, r, self.fast_norm.weight, self.fast_norm.eps)
+        return self.fast_output(normed)
