@@ -79,8 +79,9 @@ def sample(
            == torch.int64, "sample: top_p in the temperature's dtype; top_k, seeds, counters, ids int64")
     _check(draw >= 0, f"sample: draw id {draw} must be >= 0")
     if not sample_fast(logits, temperature) or not _use_cuda(top_p, top_k, seeds, counters, ids):
+        # (S1's main vocabulary, the CPU): the torch filter, then the race kernel where there is a GPU
         probs = reference.filtered_probs(logits, temperature, top_p, top_k)
-        return reference.exponential_race(probs, seeds, counters, draw, ids)
+        return exponential_race(probs, seeds, counters, draw, ids)
     _check(logits.stride(1) == 1 and all(t.is_contiguous() for t in (temperature, top_p, top_k, seeds, counters, ids)),
            "sample: logits rows and the per-row tensors must be contiguous")
     from rtts.kernels import _jit
