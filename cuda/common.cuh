@@ -36,6 +36,18 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// Sum over a block of THREADS threads, returned to every thread; red: THREADS / 32 floats of shared memory, which
+// may be reused by the next call (the leading barrier waits for every read of the previous one).
+template <int THREADS>
+__device__ __forceinline__ float block_sum(float v, float* red) {
+    v = warp_sum(v);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    return warp_sum(lane < THREADS / 32 ? red[lane] : 0.f);
+}
+
 // Programmatic dependent launch (sm_90+; no-ops below): a kernel launched with programmatic stream serialization may
 // start while the previous kernel on the stream runs. pdl_trigger lets the next kernel launch (and stream what does
 // not depend on this one); pdl_wait blocks until the previous kernel has completed and its writes are visible, so

@@ -14,15 +14,6 @@
 
 #define NORM_THREADS 256
 
-__device__ __forceinline__ float block_sum(float v, float* red) {
-    v = warp_sum(v);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float t = lane < NORM_THREADS / 32 ? red[lane] : 0.f;
-    return warp_sum(t);
-}
-
 // The normalized, scaled value of element i (v: its input after the residual add), as a float on the bf16 grid.
 __device__ __forceinline__ float normed(float v, float rs, const bf16_t* __restrict__ w, int i) {
     return bf16_to_float(float_to_bf16(__fmul_rn(bf16_to_float(float_to_bf16(__fmul_rn(v, rs))), bf16_to_float(w[i]))));
@@ -47,7 +38,7 @@ __device__ __forceinline__ float row_rsqrt(const bf16_t* __restrict__ x, const b
         ss += v * v;
     }
     // mean as torch computes it (sum times the float reciprocal of the count), then rsqrt
-    return rsqrtf(block_sum(ss, red) * (1.0f / (float)D) + eps);
+    return rsqrtf(block_sum<NORM_THREADS>(ss, red) * (1.0f / (float)D) + eps);
 }
 
 template <bool RESIDUAL>
@@ -55,7 +46,8 @@ __device__ __forceinline__ void norm_row(const bf16_t* __restrict__ x, const bf1
                                          const bf16_t* __restrict__ w, bf16_t* __restrict__ h, bf16_t* __restrict__ y,
                                          int D, float eps) {
     const float rs = row_rsqrt<RESIDUAL>(x, r, h, D, eps);
-    for (int i = threadIdx.x; i < D; i += NORM_THREADS) y[i] = float_to_bf16(normed(input<RESIDUAL>(x, r, i), rs, w, i));
+    for (int i = threadIdx.x; i < D; i += NORM_THREADS)
+        y[i] = float_to_bf16(normed(input<RESIDUAL>(x, r, i), rs, w, i));
 }
 
 // The quantized variant: warp w takes the 128-wide blocks w, w + 8, ... (D % 128 == 0), 4 values per lane.

@@ -1,5 +1,5 @@
 // One sampling draw per batch row in one kernel: top-p / top-k filtering at temperature 1, the temperature softmax,
-// and the exponential race (exponential_race.cu's noise), over at most SAMPLE_MAX_V candidates (S2's 4097 main ids,
+// and the exponential race (race.cuh's noise), over at most SAMPLE_MAX_V candidates (S2's 4097 main ids,
 // the fast codebooks). The torch form (rtts/kernels/reference.py: filtered_probs + race) is a radix sort, a scan, a
 // scatter, two softmaxes, an argmax and ~10 elementwise kernels per draw, 11 draws per frame.
 //
@@ -14,42 +14,13 @@
 // within a rounding of top_p can fall on the other side of the cut than in the reference; everything else is the
 // same arithmetic.
 // Block: SAMPLE_THREADS threads; dynamic shared memory: see sample_row (kernels.draw.sample_smem_bytes).
-#include "common.cuh"
+#include "race.cuh"
 
 #define SAMPLE_THREADS 1024
 #define SAMPLE_MAX_V 8192
 #define SAMPLE_BIN_BITS 12                 // histogram bins: the top 12 bits of a logit's order key
 #define SAMPLE_BINS (1 << SAMPLE_BIN_BITS)
 #define SAMPLE_MARGIN 0.02f                // candidates hold more than top_p + this (rounded sums differ by less)
-#define MIX_MUL 0x045D9F3Bu
-#define GOLD 0x9E3779B1u
-
-__device__ __forceinline__ unsigned mix32(unsigned x) {
-    x = ((x >> 16) ^ x) * MIX_MUL;
-    x = ((x >> 16) ^ x) * MIX_MUL;
-    return (x >> 16) ^ x;
-}
-
-__device__ __forceinline__ unsigned stream_key(i64 seed, i64 counter, unsigned draw_mul) {
-    unsigned k = mix32((unsigned)seed ^ draw_mul);
-    k = mix32(k ^ (unsigned)((unsigned long long)seed >> 32));
-    k = mix32(k ^ (unsigned)counter);
-    return mix32(k ^ (unsigned)((unsigned long long)counter >> 32));
-}
-
-__device__ __forceinline__ float exp1_noise(unsigned key, i64 id) {
-    unsigned h = mix32(key ^ ((unsigned)id * 0x61C8864Fu));
-    h = mix32(h ^ (h >> 7) ^ GOLD);
-    return -logf(((float)(h >> 8) + 0.5f) * (1.0f / 16777216.0f));
-}
-
-template <typename T>
-__device__ __forceinline__ float load_as_float(const T* p, i64 i);
-template <>
-__device__ __forceinline__ float load_as_float<bf16_t>(const bf16_t* p, i64 i) { return bf16_to_float(p[i]); }
-template <>
-__device__ __forceinline__ float load_as_float<float>(const float* p, i64 i) { return p[i]; }
-
 // Round to the logits dtype and back.
 template <typename T>
 __device__ __forceinline__ float to_dtype(float v);
@@ -63,18 +34,6 @@ __device__ __forceinline__ float to_dtype<float>(float v) { return v; }
 __device__ __forceinline__ unsigned ordered(float v) {
     const unsigned u = __float_as_uint(v + 0.0f);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-__device__ __forceinline__ float unordered(unsigned o) {
-    return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
-}
-
-__device__ __forceinline__ float block_reduce_sum(float v, float* red) {
-    v = warp_sum(v);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    __syncthreads();  // red may still be read from the previous reduction
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    return warp_sum(lane < SAMPLE_THREADS / 32 ? red[lane] : 0.f);
 }
 
 // Exclusive prefix (over the block, in thread order) of one int and one float per thread; totals returned too.
@@ -176,7 +135,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int ldl
     const float x0 = warp_max(lane < SAMPLE_THREADS / 32 ? red[lane] : -RTTS_INF);
     float s = 0.f;
     for (int i = tid; i < V; i += SAMPLE_THREADS) s += expf(xs[i] - x0);
-    const float sum = block_reduce_sum(s, red);
+    const float sum = block_sum<SAMPLE_THREADS>(s, red);
 
     // 2. histogram by value, highest bin first: count and (unrounded) mass
     for (int i = tid; i < V; i += SAMPLE_THREADS) {
@@ -263,7 +222,7 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int ldl
     const float s0 = to_dtype<T>(x0 / t);
     float s2 = 0.f;
     for (int r = tid; r < K; r += SAMPLE_THREADS) s2 += expf(to_dtype<T>(value(r) / t) - s0);
-    const float sum2 = block_reduce_sum(s2, red);
+    const float sum2 = block_sum<SAMPLE_THREADS>(s2, red);
 
     // 7. exponential race among the kept ranks; ties to the lower original index
     const unsigned key = stream_key(seeds[b], counters[b], draw_mul);
@@ -272,34 +231,10 @@ __device__ __forceinline__ void sample_row(const T* __restrict__ logits, int ldl
     for (int r = tid; r < K; r += SAMPLE_THREADS) {
         const int i = (int)(order[r] & 0xffffffffu);
         const float q = to_dtype<T>(expf(to_dtype<T>(xs[i] / t) - s0) / sum2);
-        const float v = q / exp1_noise(key, ids[i]);
-        if (v > best || (v == best && i < at)) {
-            best = v;
-            at = i;
-        }
+        keep_best(best, at, q / exp1_noise(key, ids[i]), i);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float v2 = __shfl_xor_sync(0xffffffffu, best, o);
-        const int i2 = __shfl_xor_sync(0xffffffffu, at, o);
-        if (v2 > best || (v2 == best && i2 < at)) {
-            best = v2;
-            at = i2;
-        }
-    }
-    if (lane == 0) {
-        best_v[warp] = best;
-        best_i[warp] = at;
-    }
-    __syncthreads();
-    if (tid == 0) {
-        for (int w = 1; w < SAMPLE_THREADS / 32; ++w)
-            if (best_v[w] > best || (best_v[w] == best && best_i[w] < at)) {
-                best = best_v[w];
-                at = best_i[w];
-            }
-        out[b] = at < V ? at : 0;  // NaN logits win nothing: still an index the caller may use
-    }
+    at = block_best_index<SAMPLE_THREADS>(best, at, best_v, best_i);
+    if (tid == 0) out[b] = at < V ? at : 0;  // NaN logits win nothing: still an index the caller may use
 }
 
 #define DEFINE_SAMPLE(NAME, T, P)                                                                                  \

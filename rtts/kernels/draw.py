@@ -25,6 +25,11 @@ def sample_smem_bytes(NP: int) -> int:
 _DRAW_MUL = 0x27D4EB2F  # rng.stream_keys: the draw id's multiplier
 
 
+def _draw_mul(draw: int) -> np.uint32:
+    """The draw id's term of the stream key, (draw * 0x27D4EB2F) mod 2^32, as the kernels take it."""
+    return np.uint32(draw * _DRAW_MUL & 0xFFFFFFFF)
+
+
 def exponential_race(probs: torch.Tensor, seeds: torch.Tensor, counters: torch.Tensor, draw: int,
                      ids: torch.Tensor) -> torch.Tensor:
     """probs [B, n] (bf16 or float32), seeds/counters int64 [B], ids int64 [n] -> [B] int64 indices into ids."""
@@ -45,7 +50,7 @@ def exponential_race(probs: torch.Tensor, seeds: torch.Tensor, counters: torch.T
         kernel = "exponential_race_bf16" if probs.dtype == torch.bfloat16 else "exponential_race_f32"
         _jit.launch(_jit.function("exponential_race.cu", kernel), (B,), (_THREADS,),
                     (probs.data_ptr(), _i32(probs.stride(0)), seeds.data_ptr(), counters.data_ptr(), ids.data_ptr(),
-                     _i32(n), np.uint32(draw * _DRAW_MUL & 0xFFFFFFFF), out.data_ptr()))
+                     _i32(n), _draw_mul(draw), out.data_ptr()))
     return out
 
 
@@ -95,7 +100,7 @@ def sample(
         _jit.launch(fn, (B,), (_SAMPLE_THREADS,),
                     (logits.data_ptr(), _i32(logits.stride(0)), temperature.data_ptr(), top_p.data_ptr(),
                      top_k.data_ptr(), seeds.data_ptr(), counters.data_ptr(), ids.data_ptr(), _i32(V), _i32(NP),
-                     np.uint32(draw * _DRAW_MUL & 0xFFFFFFFF), out.data_ptr()), shared_mem=sample_smem_bytes(NP))
+                     _draw_mul(draw), out.data_ptr()), shared_mem=sample_smem_bytes(NP))
     return out
 
 
