@@ -1,12 +1,14 @@
 """How long a prefill forward takes, bf16 against FP8 (S2-Pro shapes, random weights): a probe, not a benchmark.
 
-    python bench/probes/prefill_time.py OUT
+    python bench/probes/prefill_time.py OUT [--profile]
 
 One slot's prompt of 40 / 128 / 320 / 512 positions (a text turn up to a voice prompt's chunk) and a batch of 8
 turns of 40, each timed as engine.prefill_batch between two synchronizations (median of 5 after a warm-up), first
-with the bf16 model, then with the same weights quantized; then 40-position turns at context lengths not seen before
-(the first call per shape), with torch's default attention backend and with the memory-efficient one forced.
-Writes OUT/prefill-time.json.
+with the bf16 model, then with the same weights quantized (FP8 linears over kernels.FP8_DENSE_ROWS rows run dense on
+the dequantized weight), then quantized with every row through the decode GEMM's 128-token slices ("fp8-sliced", the
+path before); `--profile` adds a torch.profiler pass of 40 and 512 positions (host vs GPU time). Then 40-position
+turns at context lengths not seen before (the first call per shape), with torch's default attention backend and
+with the memory-efficient one forced. Writes OUT/prefill-time.json.
 """
 
 from __future__ import annotations
@@ -36,6 +38,27 @@ def time_prefill(eng: Engine, items: list[PrefillItem], reps: int = 5) -> float:
     return statistics.median(times[1:])
 
 
+def profile_prefill(eng: Engine, items: list[PrefillItem], name: str, out: Path) -> dict[str, float]:
+    """One prefill under torch.profiler: host time in the Python ops and launches vs GPU kernel time, and the ops
+    that cost the most host time (printed)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for it in items:
+        eng.host_pos[it.slot] = 0
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        eng.prefill_batch(items)
+        torch.cuda.synchronize()
+        wall = 1e3 * (time.perf_counter() - t)
+    ev = prof.key_averages()
+    gpu = sum(e.self_device_time_total for e in ev) / 1e3
+    print(f"profile {name}: wall {wall:.1f} ms, GPU kernels {gpu:.1f} ms")
+    print(ev.table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=60))
+    prof.export_chrome_trace(str(out / f"prefill-profile-{name}.json"))
+    return {"wall_ms": wall, "gpu_kernel_ms": gpu}
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -52,16 +75,26 @@ def main() -> None:
     cases = {f"1 x {n}": [PrefillItem(0, cols(n))] for n in (40, 128, 320, 512)}
     cases["8 x 40"] = [PrefillItem(i, cols(40)) for i in range(8)]
     res: dict[str, dict[str, float]] = {}
-    for kind in ("bf16", "fp8"):
+    from rtts import kernels
+
+    dense_rows = kernels.FP8_DENSE_ROWS
+    for kind in ("bf16", "fp8", "fp8-sliced"):
         if kind == "fp8":
             from rtts.model.quant import quantize_model_
 
             quantize_model_(lm.model)
             torch.cuda.empty_cache()
+        # fp8-sliced: every prefill row through the decode GEMM in 128-token launches (before the dense path)
+        kernels.FP8_DENSE_ROWS = 1 << 30 if kind == "fp8-sliced" else dense_rows
         eng = Engine(lm, max_slots=8, max_ctx=1024, prefill_chunk=512)
         res[kind] = {name: time_prefill(eng, items) for name, items in cases.items()}
+        if "--profile" in sys.argv and kind != "fp8-sliced":
+            res[f"{kind} profile"] = profile_prefill(eng, cases["1 x 40"],
+                                                     kind, out)
+            res[f"{kind} profile 512"] = profile_prefill(eng, cases["1 x 512"], kind + "-512", out)
         del eng
         torch.cuda.empty_cache()
+    kernels.FP8_DENSE_ROWS = dense_rows
     # A turn's prefill at a context length never seen before (every turn is one): the first call per shape, with
     # torch's default attention backend choice and with the memory-efficient kernel forced.
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -85,7 +118,8 @@ def main() -> None:
     (out / "prefill-time.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "ms": res,
                                                        "fresh_lengths_ms": fresh}, indent=1))
     for name in cases:
-        print(f"{name:8s} bf16 {res['bf16'][name]:7.2f} ms   fp8 {res['fp8'][name]:7.2f} ms")
+        print(f"{name:8s} bf16 {res['bf16'][name]:7.2f} ms   fp8 {res['fp8'][name]:7.2f} ms   fp8 sliced "
+              f"{res['fp8-sliced'][name]:7.2f} ms")
 
 
 if __name__ == "__main__":

@@ -247,6 +247,47 @@ def bench_layer_ops(B: int, dim: int = 2560, H: int = 32, KV: int = 8, D: int = 
     return out
 
 
+def bench_prefill_gemm(N: int, K: int, M: int) -> dict[str, float]:
+    """An FP8 linear over M prefill rows (more than one decode GEMM launch takes): the dense path (dequantize the
+    packed weight to bf16, one bf16 GEMM) against bf16 weights and against slicing the rows into launches of the
+    decode GEMM (what FP8 prefill ran before the dense path). Also the dequantize kernel alone (1 byte read and 2
+    written per weight) and the torch ops it replaces."""
+    dev = "cuda"
+    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(N, K, device=dev) * 0.05
+    wq, sw = ref.quantize_weight(w)
+    wp = kernels.prepare_weight(wq)
+    n = copies_for(N * K)
+    wps, sws = [wp.clone() for _ in range(n)], [sw.clone() for _ in range(n)]
+    wbs = [w.bfloat16() for _ in range(copies_for(2 * N * K))]
+    lin = torch.nn.functional.linear
+
+    def dequant(i: int) -> torch.Tensor:
+        return kernels.dequantize_weight(wps[i % n], sws[i % n])
+
+    def dense(i: int) -> torch.Tensor:
+        return lin(x, dequant(i))
+
+    def bf16(i: int) -> torch.Tensor:
+        return lin(x, wbs[i % len(wbs)])
+
+    def sliced(i: int) -> torch.Tensor:
+        return kernels.fp8_linear(x, wps[i % n], sws[i % n])
+
+    out = {k: 1e6 * time_graph(_calls(f, 2 * n)) for k, f in
+           (("dequant_us", dequant), ("dense_us", dense), ("bf16_us", bf16), ("sliced_us", sliced))}
+    ref.dequantize_bf16(wp, sw)  # the torch ops, timed eagerly (they are not all capturable)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(3):
+        ref.dequantize_bf16(wp, sw)
+    b.record()
+    b.synchronize()
+    out["dequant_torch_us"] = 1e3 * a.elapsed_time(b) / 3
+    out["dequant_TBps"] = 3 * N * K / (out["dequant_us"] * 1e-6) / 1e12
+    return out
+
+
 def copy_bandwidth() -> dict[str, float]:
     """Bytes read + written per second by a 1 GiB device copy, two ways: the memcpy node (copy engines inside a graph)
     and an SM kernel (elementwise negate). The larger is the practical HBM ceiling the attention is held to."""
@@ -267,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
                    "stream-K, 2-8 = clusters of that many CTAs)")
     p.add_argument("--rows", default="", help="also time the wgmma GEMM (and the MLP block) with these tile heights "
                    "forced (64 = fp8_gemm_wgmma64, 128 = fp8_gemm_wgmma)")
-    p.add_argument("--sections", default="gemm,mlp,attention,layer",
+    p.add_argument("--sections", default="gemm,mlp,attention,layer,prefill",
                    help="which tables to time; a subset writes kernels-<sections>-<gpu>-<date> instead")
     args = p.parse_args(argv)
     sections = args.sections.split(",")
@@ -332,16 +373,31 @@ def main(argv: list[str] | None = None) -> None:
                                              ("rmsnorm", "add_rmsnorm", "rmsnorm_quant", "qkv_rope_store",
                                               "exponential_race", "sample")) + " |")
         print(rows[-1], flush=True)
+    rows += ["", "## FP8 prefill linears (M rows over one decode GEMM launch: the weight dequantized to bf16, one "
+             "dense GEMM; vs bf16 weights and vs 128-token slices of the decode GEMM)", "",
+             "| layer | N x K | M | dequant us | dequant TB/s | torch ops us | dequant + bf16 GEMM us | bf16 GEMM us "
+             "| sliced FP8 GEMM us |", "|---" * 9 + "|"]
+    prefill = []
+    for name, N, K in S2_GEMMS if "prefill" in sections else ():
+        for M in (320, 512):
+            r = bench_prefill_gemm(N, K, M)
+            prefill.append({"layer": name, "N": N, "K": K, "M": M, **r})
+            rows.append(f"| {name} | {N}x{K} | {M} | {r['dequant_us']:.1f} | {r['dequant_TBps']:.2f} "
+                        f"| {r['dequant_torch_us']:.0f} | {r['dense_us']:.1f} | {r['bf16_us']:.1f} "
+                        f"| {r['sliced_us']:.1f} |")
+            print(rows[-1], flush=True)
     from rtts.kernels import _jit
 
     env = environment()
     env["nvrtc"] = ".".join(map(str, _jit._cupy().cuda.nvrtc.getVersion()))
-    data = {"env": env, **bw, "gemm": gemm, "mlp": mlp, "attention": attn, "layer_ops": layer}
+    data = {"env": env, **bw, "gemm": gemm, "mlp": mlp, "attention": attn, "layer_ops": layer,
+            "prefill": prefill}
     tables = "\n".join(rows).split("\n## ")  # keep the tables of the sections timed
-    keep = {"gemm": "FP8 GEMM", "mlp": "MLP block", "attention": "Decode attention", "layer": "Decode-step layer ops"}
+    keep = {"gemm": "FP8 GEMM", "mlp": "MLP block", "attention": "Decode attention", "layer": "Decode-step layer ops",
+            "prefill": "FP8 prefill linears"}
     kept = [t.lstrip("# ") for t in tables if any(t.lstrip("# ").startswith(keep[s]) for s in sections)]
     rows = ["\n".join("## " + t for t in kept)]
-    every = {"gemm", "mlp", "attention", "layer"}
+    every = {"gemm", "mlp", "attention", "layer", "prefill"}
     name = "kernels" if every <= set(sections) else "kernels-" + "-".join(sections)
     jp, mp = write_results(args.out, name, data, "\n".join(rows))
     print(f"wrote {jp} and {mp}")

@@ -389,6 +389,47 @@ def fp8_linear(x: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor) -> torch.Ten
     return y.view(*lead, y.shape[-1])
 
 
+# Over this many rows (a prompt's prefill) an FP8 linear dequantizes its weight to bf16 once and runs one dense GEMM
+# (quant.FP8Linear / FP8FeedForward): the decode GEMM takes at most 128 tokens per launch, and slicing hundreds of
+# positions into 128-token launches re-streams the weight per slice, with a handful of launches each (measured on
+# the H200: 320-position FP8 prefill 87 ms vs 26 ms bf16, bench/results/traces/prefill-time-*).
+FP8_DENSE_ROWS = 128
+
+
+def dequantize_weight(wq: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
+    """wq fp8 [N, K] or packed [N/128, K/128, 128, 128] (pack_weight), sw fp32 [ceil(N/128), ceil(K/128)] ->
+    bf16 [N, K] = wq * sw per 128x128 block (cuda/dequant.cu)."""
+    _check(wq.dtype == FP8 and wq.dim() in (2, 4) and wq.is_contiguous(),
+           f"dequantize_weight: want a contiguous float8_e4m3fn [N, K] or packed weight, got {wq.dtype} "
+           f"{tuple(wq.shape)}")
+    packed = wq.dim() == 4
+    if packed:
+        _check(tuple(wq.shape[2:]) == (128, 128), f"dequantize_weight: packed blocks must be 128x128, got "
+                                                   f"{tuple(wq.shape)}")
+        N, K = wq.shape[0] * 128, wq.shape[1] * 128
+    else:
+        N, K = wq.shape
+        _check(K % 16 == 0, f"dequantize_weight: K={K} must be a multiple of 16")
+    _check(sw.dtype == torch.float32 and tuple(sw.shape) == (math.ceil(N / 128), math.ceil(K / 128))
+           and sw.is_contiguous(),
+           f"dequantize_weight: sw must be contiguous fp32 [{math.ceil(N / 128)}, {math.ceil(K / 128)}], got "
+           f"{sw.dtype} {tuple(sw.shape)}")
+    if not _use_cuda(wq, sw):
+        return reference.dequantize_bf16(wq, sw)
+    from rtts.kernels import _jit
+
+    y = torch.empty(N, K, dtype=torch.bfloat16, device=wq.device)
+    chunks = N * K // 16
+    if chunks == 0:
+        return y
+    fn = _jit.function("dequant.cu", f"dequantize_fp8<{'true' if packed else 'false'}>", _DEQUANT_INSTANCES)
+    _jit.launch(fn, (math.ceil(chunks / 256),), (256,), (wq.data_ptr(), sw.data_ptr(), y.data_ptr(), _i32(N), _i32(K)))
+    return y
+
+
+_DEQUANT_INSTANCES = ("dequantize_fp8<true>", "dequantize_fp8<false>")
+
+
 # ---------------------------------------------------------------------------------------------------- attention
 
 
@@ -519,6 +560,8 @@ def warmup(device: torch.device) -> None:
     for inst in _GEMM_INSTANCES:  # [N, K] weights (any GPU)
         _jit.function("fp8_gemm.cu", inst, _GEMM_INSTANCES)
     _jit.function("fp8_gemm.cu", "gemm_reduce_splits", _GEMM_INSTANCES)
+    for inst in _DEQUANT_INSTANCES:
+        _jit.function("dequant.cu", inst, _DEQUANT_INSTANCES)
     for d in (64, 128):
         for g in (1, 2, 4, 8):
             _jit.set_dynamic_smem(_jit.function("decode_attention.cu", f"decode_attention_{d}_{g}"),

@@ -51,6 +51,12 @@ def dequantize_weight(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * s
 
 
+def dequantize_bf16(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """FP8 weight [N, K] or packed [N/128, K/128, 128, 128] and its block scales -> bf16 [N, K] (each q * scale
+    product in FP32, rounded to nearest even)."""
+    return dequantize_weight(unpack_weight(q) if q.dim() == 4 else q, scale).to(torch.bfloat16)
+
+
 def _swizzle_chunks(t: torch.Tensor) -> torch.Tensor:
     """[..., 128 rows, 8 chunks, 16] -> same, chunk c of row r moved to position c ^ (r % 8) (an involution)."""
     r = torch.arange(BLOCK, device=t.device)[:, None]

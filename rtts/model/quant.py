@@ -53,7 +53,13 @@ class FP8Linear(nn.Module):
         if isinstance(x, QuantizedRows):
             y = kernels.fp8_gemm(x.q, x.scale, self.weight, self.weight_scale)
             return y.view(*x.shape[:-1], y.shape[-1]).to(x.dtype)
+        if x.numel() > kernels.FP8_DENSE_ROWS * x.shape[-1]:  # prefill: one dense GEMM on the dequantized weight
+            return nn.functional.linear(x.to(torch.bfloat16), self.dense_weight()).to(x.dtype)
         return kernels.fp8_linear(x.to(torch.bfloat16), self.weight, self.weight_scale).to(x.dtype)
+
+    def dense_weight(self) -> torch.Tensor:
+        """The weight dequantized to bf16 [N, K] (a fresh buffer per call: prefill only, never kept)."""
+        return kernels.dequantize_weight(self.weight, self.weight_scale)
 
     def pack(self) -> None:
         """Put the weight in the layout this device's GEMM streams (once, after loading; kernels.prepare_weight)."""
@@ -89,6 +95,8 @@ class FP8FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
         lead = x.shape[:-1]
+        if not isinstance(x, QuantizedRows) and x.numel() > kernels.FP8_DENSE_ROWS * x.shape[-1]:
+            return self._dense(x)
         if isinstance(x, QuantizedRows):
             x2: torch.Tensor | QuantizedRows = QuantizedRows(x.q, x.scale, x.q.shape, torch.bfloat16)
         else:
@@ -101,6 +109,17 @@ class FP8FeedForward(nn.Module):
         hq, sh = kernels.swiglu_quantize(gu)
         y = kernels.fp8_gemm(hq, sh, self.w2.weight, self.w2.weight_scale)
         return y.view(*lead, -1).to(x.dtype)
+
+
+    def _dense(self, x: torch.Tensor) -> torch.Tensor:
+        """Prefill (more rows than kernels.FP8_DENSE_ROWS): the weights dequantized to bf16, dense GEMMs, SwiGLU in
+        bf16 (no activation quantization: the rows never meet an FP8 GEMM)."""
+        xb, linear = x.to(torch.bfloat16), nn.functional.linear
+        if self.gate_up is not None and self.gate_up_scale is not None:
+            gate, up = linear(xb, kernels.dequantize_weight(self.gate_up, self.gate_up_scale)).chunk(2, -1)
+        else:
+            gate, up = linear(xb, self.w1.dense_weight()), linear(xb, self.w3.dense_weight())
+        return linear(nn.functional.silu(gate) * up, self.w2.dense_weight()).to(x.dtype)
 
 
 def _fp8_targets(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
