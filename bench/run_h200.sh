@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # How the GPU numbers in bench/results and latency_reports were produced (one H200, no internet).
 # Usage on the GPU machine, from the repository root:
-#   bench/run_h200.sh OUT_DIR [tests] [kernels] [layer] [sched] [fp8] [profile] [prefill] [ttfa]
+#   bench/run_h200.sh OUT_DIR [tests] [kernels] [layer] [sched] [fp8] [profile] [prefill] [pkernels] [ttfa]
 # (SCHED_CONC=1,16,64 picks the scheduler concurrencies, KERNEL_ARGS extra kernel-bench flags)
 # Python packages the image lacks travel as wheels in .whl/ (see the device tool's README).
 # Pass RTTS_COMMIT=<sha> from the machine that sent the tree: the copy on the GPU machine may carry a stale .git.
@@ -12,7 +12,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 RTTS_GOLDEN_DIR=${RTTS_GOLDEN_DIR:-$PWD/.golden} RTTS_HOME=/tmp/rh
 for step in "$@"; do
   case $step in
-    tests) timeout 240 python3 -m pytest -q -m gpu tests/test_kernels.py tests/test_layer_kernels.py tests/test_gpu.py tests/test_quant.py \
+    tests) timeout 240 python3 -m pytest -q -m gpu tests/test_kernels.py tests/test_layer_kernels.py tests/test_dequant.py tests/test_gpu.py tests/test_quant.py \
              -p no:cacheprovider --tb=short 2>&1 | tail -25 ;;
     kernels) timeout 300 python3 -m rtts.bench kernels --out "$OUT" ${KERNEL_ARGS:-} 2>&1 | tail -40 ;;
     sched) timeout 200 python3 -m rtts.bench scheduler --preset s2-pro --concurrency ${SCHED_CONC:-1,4,16,64} --codec none \
@@ -21,7 +21,9 @@ for step in "$@"; do
            --seconds 5 --warmup 1.5 --out "$OUT" 2>&1 | grep -v "^Point" | tail -8 ;;
     layer) timeout 120 python3 -m rtts.bench kernels --sections layer --out "$OUT" 2>&1 | grep "^|" ;;
     profile) timeout 200 python3 bench/probes/step_profile.py "$OUT" --fp8 --batches 1,16,64 2>&1 | grep -E "^B=" ;;
-    prefill) timeout 150 python3 bench/probes/prefill_time.py "$OUT" 2>&1 | grep -E "ms" ;;
+    prefill) timeout 200 python3 bench/probes/prefill_time.py "$OUT" --profile > "$OUT/prefill-time.log" 2>&1
+             grep -E "^(1 x|8 x|fresh|profile)" "$OUT/prefill-time.log" ;;
+    pkernels) timeout 150 python3 -m rtts.bench kernels --sections prefill --out "$OUT" 2>&1 | grep "^|" ;;
     ttfa)
       python3 -m rtts serve --random-preset s2-pro --device cuda --max-running 16 --max-ctx 2048 --port 8090 \
         > "$OUT/serve.log" 2>&1 &
