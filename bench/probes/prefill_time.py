@@ -6,9 +6,10 @@ One slot's prompt of 40 / 128 / 320 / 512 positions (a text turn up to a voice p
 turns of 40, each timed as engine.prefill_batch between two synchronizations (median of 5 after a warm-up), first
 with the bf16 model, then with the same weights quantized (FP8 linears over kernels.FP8_DENSE_ROWS rows run dense on
 the dequantized weight), then quantized with every row through the decode GEMM's 128-token slices ("fp8-sliced", the
-path before); `--profile` adds a torch.profiler pass of 40 and 512 positions (host vs GPU time). Then 40-position
-turns at context lengths not seen before (the first call per shape), with torch's default attention backend and
-with the memory-efficient one forced. Writes OUT/prefill-time.json.
+path before); with `--profile`, only a torch.profiler pass of 40 and 512 positions each (host vs GPU time; a run of
+its own: CUPTI slows every launch after it) into OUT/prefill-profile*.json. Then 40-position turns at context
+lengths not seen before (the first call per shape), with torch's default attention backend and with the
+memory-efficient one forced. Writes OUT/prefill-time.json.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def main() -> None:
     res: dict[str, dict[str, float]] = {}
     from rtts import kernels
 
+    profiling = "--profile" in sys.argv
     dense_rows = kernels.FP8_DENSE_ROWS
     for kind in ("bf16", "fp8", "fp8-sliced"):
         if kind == "fp8":
@@ -87,14 +89,20 @@ def main() -> None:
         # fp8-sliced: every prefill row through the decode GEMM in 128-token launches (before the dense path)
         kernels.FP8_DENSE_ROWS = 1 << 30 if kind == "fp8-sliced" else dense_rows
         eng = Engine(lm, max_slots=8, max_ctx=1024, prefill_chunk=512)
-        res[kind] = {name: time_prefill(eng, items) for name, items in cases.items()}
-        if "--profile" in sys.argv and kind != "fp8-sliced":
-            res[f"{kind} profile"] = profile_prefill(eng, cases["1 x 40"],
-                                                     kind, out)
-            res[f"{kind} profile 512"] = profile_prefill(eng, cases["1 x 512"], kind + "-512", out)
+        if profiling:  # profile only: CUPTI stays attached after a profiler pass and slows every later launch
+            if kind != "fp8-sliced":
+                for name in ("1 x 40", "1 x 512"):
+                    time_prefill(eng, cases[name], reps=1)  # warm
+                    res[f"{kind} {name}"] = profile_prefill(eng, cases[name], f"{kind}-{name.split()[-1]}", out)
+        else:
+            res[kind] = {name: time_prefill(eng, items) for name, items in cases.items()}
         del eng
         torch.cuda.empty_cache()
     kernels.FP8_DENSE_ROWS = dense_rows
+    if profiling:
+        summary = {"gpu": torch.cuda.get_device_name(), "ms": res}
+        (out / "prefill-profile.json").write_text(json.dumps(summary, indent=1))
+        return
     # A turn's prefill at a context length never seen before (every turn is one): the first call per shape, with
     # torch's default attention backend choice and with the memory-efficient kernel forced.
     from torch.nn.attention import SDPBackend, sdpa_kernel
