@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -51,9 +52,11 @@ def _use_cuda(*ts: torch.Tensor) -> bool:
     return _jit.available()
 
 
-def _check(cond: bool, msg: str) -> None:
+def _check(cond: bool, msg: str | Callable[[], str]) -> None:
+    """Raise ValueError(msg) unless cond. A message that formats shapes is passed as a lambda: these checks run on
+    every launch of an eager prefill, where formatting them anyway cost microseconds per call."""
     if not cond:
-        raise ValueError(msg)
+        raise ValueError(msg if isinstance(msg, str) else msg())
 
 
 def _i32(v: int) -> np.int32:
@@ -66,9 +69,10 @@ def _i32(v: int) -> np.int32:
 def quantize_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x bf16 [M, K] (row-contiguous, K % 128 == 0) -> (q fp8 [M, K], scale fp32 [K/128, pad4(M)])."""
     _check(x.dim() == 2 and x.dtype == torch.bfloat16,
-           f"quantize_1x128: want bf16 [M, K], got {x.dtype} {tuple(x.shape)}")
+           lambda: f"quantize_1x128: want bf16 [M, K], got {x.dtype} {tuple(x.shape)}")
     M, K = x.shape
-    _check(K % 128 == 0 and x.stride(1) == 1, f"quantize_1x128: K={K} must be a multiple of 128 with unit stride")
+    _check(K % 128 == 0 and x.stride(1) == 1,
+           lambda: f"quantize_1x128: K={K} must be a multiple of 128 with unit stride")
     if not _use_cuda(x):
         return reference.quantize_1x128(x)
     _check(x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0,
@@ -90,9 +94,9 @@ def quantize_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def swiglu_quantize(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """gate_up bf16 [M, 2I] = [gate | up] (contiguous, I % 128 == 0) -> quantized silu(gate) * up, as quantize_1x128."""
     _check(gate_up.dim() == 2 and gate_up.dtype == torch.bfloat16 and gate_up.is_contiguous(),
-           f"swiglu_quantize: want contiguous bf16 [M, 2I], got {gate_up.dtype} {tuple(gate_up.shape)}")
+           lambda: f"swiglu_quantize: want contiguous bf16 [M, 2I], got {gate_up.dtype} {tuple(gate_up.shape)}")
     M, I2 = gate_up.shape
-    _check(I2 % 256 == 0, f"swiglu_quantize: 2I={I2} must be a multiple of 256")
+    _check(I2 % 256 == 0, lambda: f"swiglu_quantize: 2I={I2} must be a multiple of 256")
     if not _use_cuda(gate_up):
         return reference.swiglu_quantize(gate_up)
     _check(gate_up.data_ptr() % 8 == 0, "swiglu_quantize: gate_up must start 8-byte aligned (4 bf16 per load)")
@@ -116,6 +120,7 @@ def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
+@functools.cache
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
@@ -158,8 +163,11 @@ def _streamk_floats(sms: int) -> int:
 
 def _streamk(device: torch.device, sms: int, for_graphs: bool | None = None) -> _StreamK:
     """The scratch for GEMMs launched now: the current stream's, or the graphs' one while a capture runs."""
+    from rtts.kernels import _jit
+
     graphs = torch.cuda.is_current_stream_capturing() if for_graphs is None else for_graphs
-    key = (_index(device), 0 if graphs else torch.cuda.current_stream(device).cuda_stream, graphs)
+    idx = _index(device)
+    key = (idx, 0 if graphs else _jit.stream_handle(idx), graphs)
     sk = _STREAMK.get(key)
     if sk is None:
         floats = _streamk_floats(sms)
@@ -189,7 +197,7 @@ def pack_weight(wq: torch.Tensor) -> torch.Tensor:
     On the GPU this waits for the packing to finish: the wgmma GEMM is launched with PDL and streams its weights
     before it waits for the kernels ahead of it, so a packed weight must never be written by a kernel that may still
     be running when a GEMM reading it launches."""
-    _check(wq.dtype == FP8 and wq.dim() == 2, f"pack_weight: want fp8 [N, K], got {wq.dtype} {tuple(wq.shape)}")
+    _check(wq.dtype == FP8 and wq.dim() == 2, lambda: f"pack_weight: want fp8 [N, K], got {wq.dtype} {tuple(wq.shape)}")
     wp = reference.pack_weight(wq.contiguous())
     if wp.is_cuda:
         torch.cuda.current_stream(wp.device).synchronize()
@@ -201,22 +209,24 @@ def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Ten
     sw fp32 [ceil(N/128), K/128] -> bf16 [M, N]. Packed weights run the wgmma kernel (sm_90a, launched with PDL: it
     streams the packed weights before waiting for the kernels ahead of it, see pack_weight), [N, K] the mma.sync
     kernel (any GPU)."""
-    _check(xq.dtype == FP8 and wq.dtype == FP8, f"fp8_gemm: want float8_e4m3fn operands, got {xq.dtype}, {wq.dtype}")
+    _check(xq.dtype == FP8 and wq.dtype == FP8,
+           lambda: f"fp8_gemm: want float8_e4m3fn operands, got {xq.dtype}, {wq.dtype}")
     _check(xq.dim() == 2 and wq.dim() in (2, 4) and xq.is_contiguous() and wq.is_contiguous(),
            "fp8_gemm: operands must be contiguous, x 2-D and w 2-D or packed 4-D")
     M, K = xq.shape
     packed = wq.dim() == 4
     if packed:
         _check(tuple(wq.shape[1:]) == (K // 128, 128, 128) and K % 128 == 0,
-               f"fp8_gemm: packed weight {tuple(wq.shape)} does not match K={K}")
+               lambda: f"fp8_gemm: packed weight {tuple(wq.shape)} does not match K={K}")
         N = wq.shape[0] * 128
     else:
         N = wq.shape[0]
-        _check(wq.shape[1] == K and K % 128 == 0, f"fp8_gemm: K mismatch or not a multiple of 128 ({K}, {wq.shape[1]})")
+        _check(wq.shape[1] == K and K % 128 == 0,
+               lambda: f"fp8_gemm: K mismatch or not a multiple of 128 ({K}, {wq.shape[1]})")
     _check(sx.dtype == torch.float32 and tuple(sx.shape) == (K // 128, pad4(M)) and sx.is_contiguous(),
-           f"fp8_gemm: sx must be fp32 [{K // 128}, {pad4(M)}], got {sx.dtype} {tuple(sx.shape)}")
+           lambda: f"fp8_gemm: sx must be fp32 [{K // 128}, {pad4(M)}], got {sx.dtype} {tuple(sx.shape)}")
     _check(sw.dtype == torch.float32 and tuple(sw.shape) == (math.ceil(N / 128), K // 128) and sw.is_contiguous(),
-           f"fp8_gemm: sw must be fp32 [{math.ceil(N / 128)}, {K // 128}], got {sw.dtype} {tuple(sw.shape)}")
+           lambda: f"fp8_gemm: sw must be fp32 [{math.ceil(N / 128)}, {K // 128}], got {sw.dtype} {tuple(sw.shape)}")
     if not _use_cuda(xq, sx, wq, sw):
         return reference.fp8_gemm(xq, sx, wq, sw)
     if M == 0:
@@ -315,7 +325,7 @@ def _fp8_gemm_wgmma(xq: torch.Tensor, sx: torch.Tensor, wp: torch.Tensor, sw: to
     M, K = xq.shape
     N = wp.shape[0] * _TILE_ROWS
     dev = _index(xq.device)
-    _check(wp.dim() == 4 and M <= _WGMMA_NT[-1], f"fp8_gemm: no wgmma plan for {M}x{N}x{K}")
+    _check(wp.dim() == 4 and M <= _WGMMA_NT[-1], lambda: f"fp8_gemm: no wgmma plan for {M}x{N}x{K}")
     try:
         plan = _plan(M, N, K, dev, stages, cluster, rows)
     except ValueError as e:
@@ -332,7 +342,8 @@ def launch_wgmma(plan: WgmmaPlan, xq: torch.Tensor, sx: torch.Tensor, wp: torch.
     N = wp.shape[0] * _TILE_ROWS
     dev = _index(xq.device)
     # The plan actually launched (a forced split or stage count included) must fit the scratch it writes.
-    _check(scratch_fits(plan, N, _sm_count(dev)), f"fp8_gemm: {plan} for {M}x{N}x{K} exceeds the stream-K scratch")
+    _check(scratch_fits(plan, N, _sm_count(dev)),
+           lambda: f"fp8_gemm: {plan} for {M}x{N}x{K} exceeds the stream-K scratch")
     sk = _streamk(xq.device, _sm_count(dev))
     y = torch.empty(M, N, dtype=torch.bfloat16, device=xq.device)
     tail = (wp.data_ptr(), sw.data_ptr(), y.data_ptr(), sk.partials.data_ptr(), sk.counters.data_ptr(), _i32(M),
@@ -400,20 +411,20 @@ def dequantize_weight(wq: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
     """wq fp8 [N, K] or packed [N/128, K/128, 128, 128] (pack_weight), sw fp32 [ceil(N/128), ceil(K/128)] ->
     bf16 [N, K] = wq * sw per 128x128 block (cuda/dequant.cu)."""
     _check(wq.dtype == FP8 and wq.dim() in (2, 4) and wq.is_contiguous(),
-           f"dequantize_weight: want a contiguous float8_e4m3fn [N, K] or packed weight, got {wq.dtype} "
-           f"{tuple(wq.shape)}")
+           lambda: f"dequantize_weight: want a contiguous float8_e4m3fn [N, K] or packed weight, got {wq.dtype} "
+                   f"{tuple(wq.shape)}")
     packed = wq.dim() == 4
     if packed:
-        _check(tuple(wq.shape[2:]) == (128, 128), f"dequantize_weight: packed blocks must be 128x128, got "
-                                                   f"{tuple(wq.shape)}")
+        _check(tuple(wq.shape[2:]) == (128, 128),
+               lambda: f"dequantize_weight: packed blocks must be 128x128, got {tuple(wq.shape)}")
         N, K = wq.shape[0] * 128, wq.shape[1] * 128
     else:
         N, K = wq.shape
-        _check(K % 16 == 0, f"dequantize_weight: K={K} must be a multiple of 16")
+        _check(K % 16 == 0, lambda: f"dequantize_weight: K={K} must be a multiple of 16")
     _check(sw.dtype == torch.float32 and tuple(sw.shape) == (math.ceil(N / 128), math.ceil(K / 128))
            and sw.is_contiguous(),
-           f"dequantize_weight: sw must be contiguous fp32 [{math.ceil(N / 128)}, {math.ceil(K / 128)}], got "
-           f"{sw.dtype} {tuple(sw.shape)}")
+           lambda: f"dequantize_weight: sw must be contiguous fp32 [{math.ceil(N / 128)}, {math.ceil(K / 128)}], got "
+                   f"{sw.dtype} {tuple(sw.shape)}")
     if not _use_cuda(wq, sw):
         return reference.dequantize_bf16(wq, sw)
     from rtts.kernels import _jit
@@ -477,11 +488,11 @@ def decode_attention(
     """Softmax attention of one query per stream over positions [0, lens) of its slot -> [B, H, D] bf16.
     Lengths are read on the device: one captured graph serves any lengths up to L."""
     _check(q.dim() == 3 and k_cache.dim() == 4 and k_cache.shape == v_cache.shape,
-           f"decode_attention: want q [B, H, D], caches [rows, L, n_kv, D]; "
-           f"got {tuple(q.shape)}, {tuple(k_cache.shape)}")
+           lambda: f"decode_attention: want q [B, H, D], caches [rows, L, n_kv, D]; "
+                   f"got {tuple(q.shape)}, {tuple(k_cache.shape)}")
     B, H, D = q.shape
     rows, L, n_kv, Dk = k_cache.shape
-    _check(D == Dk and H % n_kv == 0, f"decode_attention: head dims {D} vs {Dk}, heads {H} vs kv heads {n_kv}")
+    _check(D == Dk and H % n_kv == 0, lambda: f"decode_attention: head dims {D} vs {Dk}, heads {H} vs kv heads {n_kv}")
     _check(q.dtype == k_cache.dtype == v_cache.dtype == torch.bfloat16, "decode_attention: bf16 tensors only")
     _check(q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous(),
            "decode_attention: tensors must be contiguous")
@@ -523,7 +534,7 @@ def token_window_shift(buf: torch.Tensor, slots: torch.Tensor, new: torch.Tensor
            "token_window_shift: buf int32 [S, W, C]")
     B = slots.shape[0]
     _check(new.dtype == torch.int32 and tuple(new.shape) == (B, buf.shape[2]) and new.is_contiguous(),
-           f"token_window_shift: new must be int32 [{B}, {buf.shape[2]}]")
+           lambda: f"token_window_shift: new must be int32 [{B}, {buf.shape[2]}]")
     _check(slots.dtype == torch.int64 and active.dtype == torch.bool and active.shape == (B,),
            "token_window_shift: slots int64 [B], active bool [B]")
     W, C = buf.shape[1], buf.shape[2]

@@ -7,7 +7,9 @@
   serve a stale binary.
 - Modules are compiled once per process (functools.cache, keyed by the source hash, NVRTC version and options) and
   must be loaded before any CUDA-graph capture: `warmup()` does that.
-- Launches read `torch.cuda.current_stream()` at every call (inside graph capture that is the capture stream).
+- Launches read torch's current stream at every call (inside graph capture that is the capture stream), as the raw
+  handle (`stream_handle`: no Stream object per launch; eager prefill launches hundreds of kernels, and the host time
+  of each is on the turn's first-audio path).
 - `tensor_map_2d(...)` encodes a TMA tensor map (the driver's cuTensorMapEncodeTiled, ctypes) that a kernel takes by
   value as a `__grid_constant__ TensorMap` parameter; launches carrying one go through cuLaunchKernelEx.
 - `launch(..., pdl=True)` launches through the driver's cuLaunchKernelEx (ctypes; CuPy has no such call) with
@@ -76,13 +78,24 @@ def _cupy() -> Any:
 
 def available() -> bool:
     """CUDA kernels can run here (a GPU, CuPy, and no RTTS_REFERENCE_KERNELS)."""
-    if env.reference_kernels() or not torch.cuda.is_available():
+    return not env.reference_kernels() and _gpu_and_cupy()
+
+
+@functools.cache  # asked on every wrapper call; neither answer changes within a process
+def _gpu_and_cupy() -> bool:
+    if not torch.cuda.is_available():
         return False
     try:
         _cupy()
     except ImportError:
         return False
     return True
+
+
+def stream_handle(device_index: int | None = None) -> int:
+    """torch's current CUDA stream on `device_index` (default: the current device) as a raw handle."""
+    idx = torch._C._cuda_getDevice() if device_index is None else device_index
+    return int(torch._C._cuda_getCurrentRawStream(idx))
 
 
 def arch_option() -> str:
@@ -152,7 +165,7 @@ def launch(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[A
     if cluster > 1 or (pdl and pdl_available()) or any(isinstance(a, TensorMap) for a in args):
         _launch_ex(fn, grid, block, args, shared_mem, pdl and pdl_available(), cluster)
         return
-    with _external_stream(torch.cuda.current_stream().cuda_stream):
+    with _external_stream(stream_handle()):
         fn(grid, block, args, shared_mem=shared_mem)
 
 
@@ -189,6 +202,13 @@ def _launch_kernel_ex() -> Any:
     return fn
 
 
+@functools.cache  # one array per (pdl, cluster), kept alive here: launches only point at it
+def _attribute_array(pdl: bool, cluster: int) -> tuple[Any, Any, int]:
+    attrs = _attributes(pdl, cluster)
+    arr = (_LaunchAttribute * max(1, len(attrs)))(*attrs)
+    return ctypes.cast(arr, ctypes.POINTER(_LaunchAttribute)), arr, len(attrs)
+
+
 def _attributes(pdl: bool, cluster: int) -> list[_LaunchAttribute]:
     attrs = []
     if cluster > 1:
@@ -217,18 +237,22 @@ def max_active_clusters(fn: Any, cluster: int, block: int, shared_mem: int) -> i
     return int(n.value) if rc == 0 else 0
 
 
+# Kernel argument -> its C value, by exact type (one dict lookup per argument): device pointers are Python ints.
+_C_ARG: dict[type, Any] = {
+    int: ctypes.c_uint64,
+    np.int32: lambda a: ctypes.c_int32(int(a)),
+    np.uint32: lambda a: ctypes.c_uint32(int(a)),
+    np.float32: lambda a: ctypes.c_float(float(a)),
+}
+
+
 def _c_arg(a: Any) -> ctypes._SimpleCData | TensorMap:
     if isinstance(a, TensorMap):
         return a
-    if isinstance(a, np.int32):
-        return ctypes.c_int32(int(a))
-    if isinstance(a, np.uint32):
-        return ctypes.c_uint32(int(a))
-    if isinstance(a, np.float32):
-        return ctypes.c_float(float(a))
-    if isinstance(a, int):  # a device pointer
-        return ctypes.c_uint64(a)
-    raise TypeError(f"unsupported kernel argument {a!r}")
+    conv = _C_ARG.get(type(a))
+    if conv is None:
+        raise TypeError(f"unsupported kernel argument {a!r}")
+    return conv(a)
 
 
 class TensorMap(ctypes.Structure):  # CUtensorMap: 128 opaque bytes, which the driver wants 64-byte aligned
@@ -281,12 +305,10 @@ def _launch_ex(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tup
         raise RuntimeError("cluster launches need the driver's cuLaunchKernelEx")
     vals = [_c_arg(a) for a in args]
     params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
-    attrs = _attributes(pdl, cluster)
-    arr = (_LaunchAttribute * max(1, len(attrs)))(*attrs)
+    attr_ptr, _, n_attrs = _attribute_array(pdl, cluster)
     g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
-    cfg = _LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), shared_mem,
-                        torch.cuda.current_stream().cuda_stream, ctypes.cast(arr, ctypes.POINTER(_LaunchAttribute)),
-                        len(attrs))
+    cfg = _LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), shared_mem, stream_handle(), attr_ptr,
+                        n_attrs)
     rc = launch_ex(ctypes.byref(cfg), fn.kernel.ptr, params, None)
     if rc != 0:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {rc}")

@@ -34,10 +34,10 @@ def exponential_race(probs: torch.Tensor, seeds: torch.Tensor, counters: torch.T
                      ids: torch.Tensor) -> torch.Tensor:
     """probs [B, n] (bf16 or float32), seeds/counters int64 [B], ids int64 [n] -> [B] int64 indices into ids."""
     _check(probs.dim() == 2 and ids.shape == (probs.shape[1],) and seeds.shape == counters.shape == (probs.shape[0],),
-           f"exponential_race: probs [B, n], ids [n], seeds/counters [B]; got {tuple(probs.shape)}, "
-           f"{tuple(ids.shape)}, {tuple(seeds.shape)}, {tuple(counters.shape)}")
+           lambda: f"exponential_race: probs [B, n], ids [n], seeds/counters [B]; got {tuple(probs.shape)}, "
+                   f"{tuple(ids.shape)}, {tuple(seeds.shape)}, {tuple(counters.shape)}")
     _check(ids.dtype == seeds.dtype == counters.dtype == torch.int64, "exponential_race: ids, seeds, counters int64")
-    _check(draw >= 0, f"exponential_race: draw id {draw} must be >= 0")
+    _check(draw >= 0, lambda: f"exponential_race: draw id {draw} must be >= 0")
     if probs.dtype not in (torch.bfloat16, torch.float32) or not _use_cuda(probs, seeds, counters, ids):
         return reference.exponential_race(probs, seeds, counters, draw, ids)
     _check(probs.stride(1) == 1 and seeds.is_contiguous() and counters.is_contiguous() and ids.is_contiguous(),
@@ -75,14 +75,14 @@ def sample(
     ids: torch.Tensor,  # [V] int64: the vocabulary id of each logit column (the noise is a function of it)
 ) -> torch.Tensor:
     """reference.filtered_probs + the exponential race with the default noise -> [B] int64 indices into ids."""
-    _check(logits.dim() == 2 and ids.shape == (logits.shape[1],), f"sample: logits [B, V] and ids [V]; got "
-           f"{tuple(logits.shape)}, {tuple(ids.shape)}")
+    _check(logits.dim() == 2 and ids.shape == (logits.shape[1],),
+           lambda: f"sample: logits [B, V] and ids [V]; got {tuple(logits.shape)}, {tuple(ids.shape)}")
     B = logits.shape[0]
     _check(all(t.shape == (B,) for t in (temperature, top_p, top_k, seeds, counters)),
-           f"sample: temperature, top_p, top_k, seeds, counters must be [{B}]")
+           lambda: f"sample: temperature, top_p, top_k, seeds, counters must be [{B}]")
     _check(top_p.dtype == temperature.dtype and top_k.dtype == ids.dtype == seeds.dtype == counters.dtype
            == torch.int64, "sample: top_p in the temperature's dtype; top_k, seeds, counters, ids int64")
-    _check(draw >= 0, f"sample: draw id {draw} must be >= 0")
+    _check(draw >= 0, lambda: f"sample: draw id {draw} must be >= 0")
     if not sample_fast(logits, temperature) or not _use_cuda(top_p, top_k, seeds, counters, ids):
         # (S1's main vocabulary, the CPU): the torch filter, then the race kernel where there is a GPU
         probs = reference.filtered_probs(logits, temperature, top_p, top_k)

@@ -39,7 +39,7 @@ def _bf16_cuda(*ts: torch.Tensor) -> bool:
 def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., D], w [D] -> rmsnorm(x) * w in x's dtype."""
     D = x.shape[-1]
-    _check(w.shape == (D,), f"rmsnorm: weight {tuple(w.shape)} for rows of {D}")
+    _check(w.shape == (D,), lambda: f"rmsnorm: weight {tuple(w.shape)} for rows of {D}")
     if not _bf16_cuda(x, w):
         return reference.rmsnorm(x, w, eps)
     _check(x.is_contiguous() and w.is_contiguous(), "rmsnorm: x and w must be contiguous")
@@ -56,8 +56,8 @@ def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 def add_rmsnorm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """h = x + r, both [..., D] -> (h, rmsnorm(h) * w): the residual add and the next norm in one pass."""
     D = x.shape[-1]
-    _check(r.shape == x.shape and w.shape == (D,), f"add_rmsnorm: x {tuple(x.shape)}, r {tuple(r.shape)}, "
-                                                   f"w {tuple(w.shape)}")
+    _check(r.shape == x.shape and w.shape == (D,),
+           lambda: f"add_rmsnorm: x {tuple(x.shape)}, r {tuple(r.shape)}, w {tuple(w.shape)}")
     if not _bf16_cuda(x, r, w):
         return reference.add_rmsnorm(x, r, w, eps)
     _check(x.is_contiguous() and r.is_contiguous() and w.is_contiguous(), "add_rmsnorm: tensors must be contiguous")
@@ -75,7 +75,8 @@ def add_rmsnorm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float) -
 def rmsnorm_quant(x: torch.Tensor, w: torch.Tensor, eps: float) -> QuantizedRows:
     """rmsnorm(x) * w, as bf16 values, quantized 1x128 (what an FP8 linear would do to rmsnorm's output)."""
     D = x.shape[-1]
-    _check(w.shape == (D,) and D % 128 == 0, f"rmsnorm_quant: weight {tuple(w.shape)}, rows of {D} (a multiple of 128)")
+    _check(w.shape == (D,) and D % 128 == 0,
+           lambda: f"rmsnorm_quant: weight {tuple(w.shape)}, rows of {D} (a multiple of 128)")
     if not _bf16_cuda(x, w):
         q, s = reference.quantize_1x128(reference.rmsnorm(x, w, eps).to(torch.bfloat16).reshape(-1, D))
         return QuantizedRows(q, s, x.shape, x.dtype)
@@ -97,7 +98,8 @@ def add_rmsnorm_quant(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor,
     """h = x + r -> (h, rmsnorm(h) * w quantized 1x128)."""
     D = x.shape[-1]
     _check(r.shape == x.shape and w.shape == (D,) and D % 128 == 0,
-           f"add_rmsnorm_quant: x {tuple(x.shape)}, r {tuple(r.shape)}, w {tuple(w.shape)} (rows a multiple of 128)")
+           lambda: f"add_rmsnorm_quant: x {tuple(x.shape)}, r {tuple(r.shape)}, w {tuple(w.shape)} "
+                   "(rows a multiple of 128)")
     if not _bf16_cuda(x, r, w):
         h, y = reference.add_rmsnorm(x, r, w, eps)
         q, s = reference.quantize_1x128(y.to(torch.bfloat16).reshape(-1, D))
@@ -132,19 +134,19 @@ def qkv_rope_store(
     """Split the QKV projection, QK-norm (both weights or neither) and rotate q and k, store k and v in the caches
     at (rows[b], positions[b, s]) -> q [B, S, n_head, D]."""
     _check(qkv.dim() == 3 and k_cache.dim() == 4 and v_cache.shape == k_cache.shape,
-           f"qkv_rope_store: want qkv [B, S, F], caches [rows, ctx, n_kv, D]; got {tuple(qkv.shape)}, "
-           f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+           lambda: f"qkv_rope_store: want qkv [B, S, F], caches [rows, ctx, n_kv, D]; got {tuple(qkv.shape)}, "
+                   f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
     B, S, F = qkv.shape
     _, ctx, n_kv, D = k_cache.shape
-    _check(F == (n_head + 2 * n_kv) * D and D % 2 == 0, f"qkv_rope_store: {F} features for {n_head} + 2 x {n_kv} "
-                                                        f"heads of {D}")
+    _check(F == (n_head + 2 * n_kv) * D and D % 2 == 0,
+           lambda: f"qkv_rope_store: {F} features for {n_head} + 2 x {n_kv} heads of {D}")
     _check(rope.dim() == 4 and rope.shape[0] in (1, B) and tuple(rope.shape[1:]) == (S, D // 2, 2),
-           f"qkv_rope_store: rope table {tuple(rope.shape)} for B={B}, S={S}, D={D}")
+           lambda: f"qkv_rope_store: rope table {tuple(rope.shape)} for B={B}, S={S}, D={D}")
     _check(rows.shape == (B,) and positions.shape == (B, S) and rows.dtype == positions.dtype == torch.int64,
-           f"qkv_rope_store: rows int64 [{B}] and positions int64 [{B}, {S}]")
+           lambda: f"qkv_rope_store: rows int64 [{B}] and positions int64 [{B}, {S}]")
     _check((q_norm is None) == (k_norm is None), "qkv_rope_store: QK-norm needs both weights")
     norms = [t for t in (q_norm, k_norm) if t is not None]
-    _check(all(t.shape == (D,) for t in norms), f"qkv_rope_store: norm weights must be [{D}]")
+    _check(all(t.shape == (D,) for t in norms), lambda: f"qkv_rope_store: norm weights must be [{D}]")
     if not _bf16_cuda(qkv, rope, k_cache, v_cache, *norms) or not _use_cuda(rows, positions):
         return reference.qkv_rope_store(qkv, q_norm, k_norm, eps, rope, k_cache, v_cache, rows, positions, n_head)
     _check(qkv.is_contiguous() and rope.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
