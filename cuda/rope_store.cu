@@ -40,12 +40,13 @@ __device__ __forceinline__ void rope_head(const bf16_t* __restrict__ src, const 
 
 // qkv bf16 [T, (H + 2*KV) * D] contiguous (token t = b * S + s); qw / kw: bf16 [D] norm weights or null (no norm);
 // rope bf16 [rope_rows, S, D/2, 2]; rows int64 [B] (cache row of batch row b); pos int64 [B, S];
-// caches bf16 [rows, ctx, KV, D]. Positions outside [0, ctx) are not stored (the host guarantees they never occur).
+// caches bf16 [n_rows, ctx, KV, D]. Rows outside [0, n_rows) and positions outside [0, ctx) are not stored (the host
+// guarantees they never occur; a bad index must not write outside the caches).
 extern "C" __global__ void __launch_bounds__(ROPE_WARPS * 32)
     qkv_rope_store(const bf16_t* __restrict__ qkv, const bf16_t* __restrict__ qw, const bf16_t* __restrict__ kw,
                    float eps, const bf16_t* __restrict__ rope, int rope_rows, const i64* __restrict__ rows,
                    const i64* __restrict__ pos, bf16_t* __restrict__ q_out, bf16_t* __restrict__ kc,
-                   bf16_t* __restrict__ vc, int S, int H, int KV, int D, int ctx) {
+                   bf16_t* __restrict__ vc, int S, int H, int KV, int D, int ctx, int n_rows) {
     const int t = blockIdx.x, lane = threadIdx.x & 31;
     const int head = blockIdx.y * ROPE_WARPS + (threadIdx.x >> 5);
     pdl_trigger();
@@ -60,10 +61,10 @@ extern "C" __global__ void __launch_bounds__(ROPE_WARPS * 32)
         else rope_head<false>(src, qw, eps, cs, dst, D, lane);
         return;
     }
-    const i64 p = pos[t];
-    if (p < 0 || p >= ctx) return;
+    const i64 p = pos[t], row = rows[b];
+    if (p < 0 || p >= ctx || row < 0 || row >= n_rows) return;
     const int kvh = head < H + KV ? head - H : head - H - KV;
-    const i64 at = ((rows[b] * ctx + p) * KV + kvh) * D;
+    const i64 at = ((row * ctx + p) * KV + kvh) * D;
     if (head < H + KV) {
         if (kw != nullptr) rope_head<true>(src, kw, eps, cs, kc + at, D, lane);
         else rope_head<false>(src, kw, eps, cs, kc + at, D, lane);

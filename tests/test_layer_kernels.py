@@ -137,6 +137,22 @@ def test_qkv_rope_store_kernel(B: int, S: int, H: int, KV: int, D: int, shared: 
         assert torch.equal(q, q_ref) and torch.equal(kc, t["k_cache"])
 
 
+
+@GPU
+def test_qkv_rope_store_kernel_never_writes_outside_the_caches() -> None:
+    """A cache row or position out of range (a host bug) stores nothing; every in-range token is stored as usual."""
+    t = _rope_inputs(4, 2, 32, 8, 128, rows=4, ctx=40, device="cuda", dtype=torch.bfloat16, shared_table=False)
+    t["rows"][1], t["rows"][2] = 4, -1
+    t["positions"][3, 1] = 40
+    kc, vc = t["k_cache"].clone(), t["v_cache"].clone()
+    norm_rope.qkv_rope_store(t["qkv"], t["q_norm"], t["k_norm"], 1e-6, t["rope"], kc, vc, t["rows"], t["positions"],
+                             32)
+    stored = torch.zeros(4, 40, dtype=torch.bool)
+    stored[int(t["rows"][0]), t["positions"][0].cpu()] = True
+    stored[int(t["rows"][3]), int(t["positions"][3, 0])] = True
+    assert torch.equal(kc[~stored.cuda()], t["k_cache"][~stored.cuda()])
+    assert torch.equal(vc[~stored.cuda()], t["v_cache"][~stored.cuda()])
+    assert not torch.equal(vc[stored.cuda()], t["v_cache"][stored.cuda()])
 @GPU
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("B,n,first_id", [(1, 4097, 151_000), (16, 4096, 0), (3, 33, 7), (64, 1025, 1 << 31)])

@@ -162,7 +162,8 @@ def qkv_rope_store(
                     (qkv.data_ptr(), q_norm.data_ptr() if q_norm is not None else 0,
                      k_norm.data_ptr() if k_norm is not None else 0, np.float32(eps), rope.data_ptr(),
                      _i32(rope.shape[0]), rows.data_ptr(), positions.data_ptr(), q.data_ptr(), k_cache.data_ptr(),
-                     v_cache.data_ptr(), _i32(S), _i32(n_head), _i32(n_kv), _i32(D), _i32(ctx)), pdl=True)
+                     v_cache.data_ptr(), _i32(S), _i32(n_head), _i32(n_kv), _i32(D), _i32(ctx),
+                     _i32(k_cache.shape[0])), pdl=True)
     return q
 
 
