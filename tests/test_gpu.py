@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from rtts.engine.engine import Engine
-from rtts.engine.graphs import DecodeRunner
+from rtts.engine.engine import Engine, PrefillItem
+from rtts.engine.graphs import DecodeRunner, FrameZeroRunner
 from rtts.model.codec import load_codec
 from rtts.model.loading import load_model
 from rtts.model.prompt import Reference
 from rtts.pingpong import AudioChunk, Scheduler, SchedulerConfig, TurnEnd
-from rtts.types import SamplingParams
+from rtts.types import FinishReason, SamplingParams
 
 pytestmark = pytest.mark.gpu
 
@@ -56,21 +56,36 @@ def test_graph_scheduler_matches_golden(golden: Path) -> None:
 
 
 def test_graph_replay_equals_eager(golden: Path) -> None:
-    """Replaying a captured bucket gives the eager step's columns for the same slot state."""
+    """Replaying a captured bucket gives the eager step's columns for the same slot state; frame 0 of a turn,
+    sampled by the prefill from its own graphs (FrameZeroRunner), equals the eager one, for one turn and for a batch
+    of three padded to a bucket of four."""
     lm = load_model(golden / "tiny-s2", device="cuda", dtype=torch.float32)
-    outs = []
+    outs, zeros = [], []
     for graphs in (False, True):
         engine = Engine(lm, max_slots=8, max_ctx=256)
         runner = DecodeRunner(engine, use_graphs=graphs)
         runner.capture()
+        FrameZeroRunner(engine, use_graphs=graphs).capture()
+        assert (engine.frame_zero_graphs is not None) == graphs
         slots = [1, 3, 4]
+        frame0 = []
         for s in slots:
             engine.reset_slot(s)
-            engine.set_params(s, SamplingParams(seed=s, top_k=1, max_frames=100))
-            engine.prefill(s, torch.tensor([[412, 82, 88, 83 + s]] + [[0] * 4] * 10), sample=True)
+            engine.set_params(s, SamplingParams(seed=s, top_k=1 if s == 1 else 30, max_frames=100))
+            frame0.append(engine.prefill(s, torch.tensor([[412, 82, 88, 83 + s]] + [[0] * 4] * 10), sample=True))
+        batch = [PrefillItem(s, torch.tensor([[412, 90 + s]] + [[0] * 2] * 10), sample=True) for s in (5, 6, 7)]
+        for it in batch:
+            engine.reset_slot(it.slot)
+            engine.set_params(it.slot, SamplingParams(seed=it.slot, temperature=0.9, max_frames=100))
+        frame0.append(engine.prefill_batch(batch))
+        zeros.append(torch.cat([f.cpu().reshape(-1, 11) for f in frame0 if f is not None]))
+        assert engine.state.frame[[1, 3, 4, 5, 6, 7]].tolist() == [1] * 6  # each committed once, padding never
+        assert int(engine.state.finish[engine.scratch_slot]) == FinishReason.CANCELLED
         cols = []
         for _ in range(5):
             c, _f = runner.step(slots, max(engine.host_pos[s] for s in slots) + 8)
             cols.append(c[: len(slots)].cpu())
         outs.append(torch.stack(cols))
+    assert zeros[0].shape == (6, 11)
+    assert torch.equal(zeros[0], zeros[1])
     assert torch.equal(outs[0], outs[1])

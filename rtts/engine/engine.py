@@ -170,6 +170,8 @@ class Engine:
 
         self.noise: NoiseFn = exponential_noise
         self.trace: TraceFn | None = None  # debugging/test hook: receives intermediate tensors
+        # Set by graphs.FrameZeroRunner.capture(): frame 0 replayed from CUDA graphs (eager it is hundreds of launches)
+        self.frame_zero_graphs: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         self.host_pos = [0] * (max_slots + 1)  # host mirror of state.pos, advanced by prefill() and decode()
         # The scratch slot is permanently frozen, so padded rows never advance it.
         self.state.finish[self.scratch_slot] = FinishReason.CANCELLED
@@ -299,8 +301,16 @@ class Engine:
             return None
         rows = torch.tensor(sampled, device=dev)
         last = torch.tensor([lengths[i] - 1 for i in sampled], device=dev)
-        col, _ = self._sample_frame(hidden[rows, last], slots[rows], self.fast_kv_prefill, decode=False)
-        self._commit(slots[rows], col, decode=False)
+        if self.frame_zero_graphs is not None and self.trace is None:
+            return self.frame_zero_graphs(hidden[rows, last], slots[rows])
+        return self.frame_zero(hidden[rows, last], slots[rows])
+
+    def frame_zero(self, hidden: torch.Tensor, slots: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
+        """Graph-safe body of a turn's frame 0: sample it from the prompt's last hidden state [B, dim] (slow head,
+        fast transformer on the prefill thread's own fast cache, draws) and commit it to the slots -> columns
+        [B, rows]. Rows with active == False (graph padding) sample but commit nothing."""
+        col, _ = self._sample_frame(hidden, slots, self.fast_kv_prefill, decode=False)
+        self._commit(slots, col, decode=False, active=active)
         return col
 
     # ------------------------------------------------------------------ decode

@@ -113,3 +113,62 @@ class DecodeRunner:
         g = self.graphs[(b, kv)]
         g.graph.replay()
         return g.cols, g.finish
+
+
+class FrameZeroRunner:
+    """A turn's frame 0 (sampled by the prefill thread from the prompt's last hidden state: slow head, ten fast
+    transformer passes, eleven draws, the commit) replayed from CUDA graphs, one per bucket of sampled rows up to
+    the engine's prefill_rows. Eager it is hundreds of small launches, tens of milliseconds of host time on every
+    turn's time to first audio (bench/probes/turn_latency.py). Padded rows point at the scratch slot and are
+    inactive: they sample, and commit nothing. Its own memory pool: the prefill thread replays these while the
+    decode thread replays its graphs."""
+
+    def __init__(self, engine: Engine, use_graphs: bool | None = None) -> None:
+        self.engine = engine
+        self.use_graphs = (engine.device.type == "cuda") if use_graphs is None else use_graphs
+        cap = engine.prefill_rows
+        self.buckets = [b for b in (1, 2, 4) if b < cap] + list(range(8, cap, 8)) + [cap]
+        dev = engine.device
+        self.hidden = torch.zeros(cap, engine.config.dim, dtype=engine.dtype, device=dev)
+        self.slots = torch.full((cap,), engine.scratch_slot, dtype=torch.int64, device=dev)
+        self.active = torch.zeros(cap, dtype=torch.bool, device=dev)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.capture_seconds = 0.0
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Warm up and capture every bucket (all rows inactive), then hand the replays to the engine."""
+        if not self.use_graphs:
+            return
+        t0 = time.perf_counter()
+        eng = self.engine
+        pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(device=eng.device)
+        side.wait_stream(torch.cuda.current_stream(eng.device))
+        with torch.cuda.stream(side):
+            for b in reversed(self.buckets):
+                args = (self.hidden[:b], self.slots[:b], self.active[:b])
+                for _ in range(2):
+                    eng.frame_zero(*args)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool, stream=side, capture_error_mode="thread_local"):
+                    col = eng.frame_zero(*args)
+                self.graphs[b] = (g, col)
+        torch.cuda.current_stream(eng.device).wait_stream(side)
+        torch.cuda.synchronize(eng.device)
+        eng.frame_zero_graphs = self
+        self.capture_seconds = time.perf_counter() - t0
+
+    def __call__(self, hidden: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Frame 0 of len(slots) turns on the current stream -> columns [n, rows] (a copy: the graph's output
+        buffer is reused by the next replay)."""
+        n = hidden.shape[0]
+        b = next(x for x in self.buckets if x >= n)
+        self.hidden[:n].copy_(hidden)
+        self.slots[:n].copy_(slots)
+        self.slots[n:b].fill_(self.engine.scratch_slot)
+        self.active[:n].fill_(True)
+        self.active[n:b].fill_(False)
+        g, col = self.graphs[b]
+        g.replay()
+        return col[:n].clone()

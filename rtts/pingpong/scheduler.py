@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from rtts.engine.engine import Engine
-from rtts.engine.graphs import DecodeRunner
+from rtts.engine.graphs import DecodeRunner, FrameZeroRunner
 from rtts.model.codec import Codec
 from rtts.model.errors import PromptError
 from rtts.model.prompt import PromptBuilder, Reference
@@ -47,6 +47,7 @@ class Scheduler:
         self.builder = PromptBuilder(engine.tokenizer, cfg.num_codebooks, cfg.format, cfg.codebook_size)
         self.slots = SlotAllocator(engine.max_slots)
         self.runner = DecodeRunner(engine, use_graphs=config.cuda_graphs and self.dev.cuda)
+        self.frame_zero = FrameZeroRunner(engine, use_graphs=config.cuda_graphs and self.dev.cuda)
         self.codec_worker = CodecWorker(codec, self.dev, engine.max_slots + 1, config.first_chunk_frames,
                                         config.max_buffer_seconds)
         self.decode = DecodeWorker(engine, self.runner, self.dev, self.slots, self.codec_worker.inbox,
@@ -62,6 +63,7 @@ class Scheduler:
     def start(self) -> Scheduler:
         """Capture CUDA graphs (after warm-up), then start the threads."""
         self.runner.capture()
+        self.frame_zero.capture()
         for name, target in (("rtts-prefill", self.prefill.run), ("rtts-decode", self.decode.run),
                              ("rtts-codec", self.codec_worker.run)):
             t = threading.Thread(target=target, name=name, daemon=True)
