@@ -89,3 +89,7 @@ def test_graph_replay_equals_eager(golden: Path) -> None:
     assert zeros[0].shape == (6, 11)
     assert torch.equal(zeros[0], zeros[1])
     assert torch.equal(outs[0], outs[1])
+    few = Engine(lm, max_slots=3, max_ctx=64)  # fewer slots than prefill rows: no bucket wider than the slots
+    runner = FrameZeroRunner(few)
+    runner.capture()
+    assert runner.buckets == [1, 2, 3] and few.frame_zero_graphs is runner

@@ -126,7 +126,7 @@ class FrameZeroRunner:
     def __init__(self, engine: Engine, use_graphs: bool | None = None) -> None:
         self.engine = engine
         self.use_graphs = (engine.device.type == "cuda") if use_graphs is None else use_graphs
-        cap = engine.prefill_rows
+        cap = min(engine.prefill_rows, engine.max_slots)  # sampled rows: one turn per stream, at most one per slot
         self.buckets = [b for b in (1, 2, 4) if b < cap] + list(range(8, cap, 8)) + [cap]
         dev = engine.device
         self.hidden = torch.zeros(cap, engine.config.dim, dtype=engine.dtype, device=dev)
