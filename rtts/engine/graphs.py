@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rtts import kernels
 from rtts.engine.engine import Engine
 
 
@@ -145,7 +146,9 @@ class FrameZeroRunner:
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(device=eng.device)
         side.wait_stream(torch.cuda.current_stream(eng.device))
-        with torch.cuda.stream(side):
+        # Its own split-tile scratch: these replay on the prefill thread while the decode graphs replay.
+        with kernels.graph_scratch("frame-zero"), torch.cuda.stream(side):
+            kernels.reserve_graph_scratch(eng.device)
             for b in reversed(self.buckets):
                 args = (self.hidden[:b], self.slots[:b], self.active[:b])
                 for _ in range(2):

@@ -7,10 +7,12 @@ when `_jit.available()` and the tensors live on the GPU, else the reference in `
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -144,14 +146,30 @@ class _StreamK:
     into captured CUDA graphs stay valid. Graph captures use one scratch per device, apart from every stream's eager
     one (allocated by warmup, before any capture): torch hands out pooled stream handles round-robin, so a stream
     made later (e.g. the prefill thread's) can share the handle a decode graph was captured on, and its eager GEMMs
-    would otherwise run concurrently with the graph's replays on one scratch. Captured graphs therefore share it:
-    replay them one at a time (the decode step does)."""
+    would otherwise run concurrently with the graph's replays on one scratch. Captured graphs therefore share one
+    per family (graph_scratch): replay a family's graphs one at a time (the decode thread's steps are one family,
+    the prefill thread's frame-0 graphs another, and the two threads replay concurrently)."""
 
     partials: torch.Tensor
     counters: torch.Tensor
 
 
-_STREAMK: dict[tuple[int, int, bool], _StreamK] = {}  # (device, stream handle or 0 for graphs, graphs)
+# (device, stream handle or 0 for graphs, graphs, graph family or "")
+_STREAMK: dict[tuple[int, int, bool, str], _StreamK] = {}
+_CAPTURE = threading.local()  # .family: the graph family captures on this thread belong to (graph_scratch)
+
+
+@contextlib.contextmanager
+def graph_scratch(family: str) -> Iterator[None]:
+    """GEMMs captured inside (on this thread) use `family`'s own split-tile scratch, allocated here, before any
+    capture: graphs of different families may then replay concurrently. The default family ("") is the decode
+    step's (allocated by warmup)."""
+    prev = getattr(_CAPTURE, "family", "")
+    _CAPTURE.family = family
+    try:
+        yield
+    finally:
+        _CAPTURE.family = prev
 _STREAMK_TILES = 1 << 16  # counters: N up to 8M rows
 
 
@@ -167,7 +185,7 @@ def _streamk(device: torch.device, sms: int, for_graphs: bool | None = None) -> 
 
     graphs = torch.cuda.is_current_stream_capturing() if for_graphs is None else for_graphs
     idx = _index(device)
-    key = (idx, 0 if graphs else _jit.stream_handle(idx), graphs)
+    key = (idx, 0, True, getattr(_CAPTURE, "family", "")) if graphs else (idx, _jit.stream_handle(idx), False, "")
     sk = _STREAMK.get(key)
     if sk is None:
         floats = _streamk_floats(sms)
@@ -175,6 +193,12 @@ def _streamk(device: torch.device, sms: int, for_graphs: bool | None = None) -> 
                       torch.zeros(_STREAMK_TILES, dtype=torch.int32, device=device))
         _STREAMK[key] = sk
     return sk
+
+
+def reserve_graph_scratch(device: torch.device) -> None:
+    """Allocate the current graph family's split-tile scratch now (before a capture; see graph_scratch)."""
+    if device.type == "cuda" and _use_wgmma(device):
+        _streamk(device, _sm_count(_index(device)), for_graphs=True)
 
 
 def packs_weights(device: torch.device) -> bool:
