@@ -53,6 +53,7 @@ class Attention(nn.Module):
         rows: torch.Tensor,  # [B] int64: which cache row each batch row owns
         positions: torch.Tensor,  # [B, S] int64: absolute positions of the new tokens
         kv_len: int,  # attend over cache positions [0, kv_len); must exceed every position
+        mask: torch.Tensor | None = None,  # grouped_causal_mask(positions, kv_len, n_head // n_kv), if made already
     ) -> torch.Tensor:
         B, S, _ = x.shape
         qs = self.n_head * self.head_dim
@@ -68,16 +69,24 @@ class Attention(nn.Module):
 
         keys = k_cache[:, :kv_len][rows].transpose(1, 2).to(q.dtype)  # [B, n_kv, L, hd]
         values = v_cache[:, :kv_len][rows].transpose(1, 2).to(q.dtype)
-        # Key j is visible to the query at position p iff j <= p: causal over the whole history of the row.
-        mask = torch.arange(kv_len, device=positions.device)[None, None, :] <= positions[:, :, None]  # [B, S, L]
         # GQA without repeating K/V: the g query heads sharing a KV head become g*S query rows of that head
         # (query head h uses KV head h // g), so one K/V read serves the whole group.
         g = self.n_head // self.n_kv
         qg = q.view(B, S, self.n_kv, g, self.head_dim).permute(0, 2, 3, 1, 4).reshape(B, self.n_kv, g * S, -1)
-        mg = mask[:, None, None].expand(B, 1, g, S, kv_len).reshape(B, 1, g * S, kv_len)
-        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mg, scale=1.0 / math.sqrt(self.head_dim))
+        if mask is None:
+            mask = grouped_causal_mask(positions, kv_len, g)
+        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
         out = out.view(B, self.n_kv, g, S, self.head_dim).permute(0, 3, 1, 2, 4)  # [B, S, n_kv, g, hd]
         return self.wo(out.reshape(B, S, qs))
+
+
+def grouped_causal_mask(positions: torch.Tensor, kv_len: int, g: int) -> torch.Tensor:
+    """[B, 1, g*S, kv_len] bool: key j is visible to the query at position p iff j <= p (causal over the row's whole
+    history), repeated for the g query heads of a KV head (Attention's grouped layout). The same for every layer of a
+    stack: forward_slow makes it once per prefill instead of once per layer (host time: prefill is launch-bound)."""
+    B, S = positions.shape
+    mask = torch.arange(kv_len, device=positions.device)[None, None, :] <= positions[:, :, None]  # [B, S, L]
+    return mask[:, None, None].expand(B, 1, g, S, kv_len).reshape(B, 1, g * S, kv_len)
 
 
 class Block(nn.Module):
@@ -98,6 +107,7 @@ class Block(nn.Module):
         positions: torch.Tensor,
         kv_len: int,
         residual: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x: the residual stream; residual: the previous block's MLP output, not yet added to it (the add runs in
         this block's first norm kernel) -> (h, mlp_out), the stream before this block's MLP output and that output:
@@ -112,7 +122,7 @@ class Block(nn.Module):
             x, n = add_norm(x, residual, an.weight, an.eps)
         else:
             n = norm_rope.rmsnorm_quant(x, an.weight, an.eps) if fp8 else an(x)
-        a = self.attention(n, rope, k_cache, v_cache, rows, positions, kv_len)
+        a = self.attention(n, rope, k_cache, v_cache, rows, positions, kv_len, mask)
         h, n2 = add_norm(x, a, fn.weight, fn.eps)  # h = x + a
         return h, self.feed_forward(n2)
 
@@ -193,8 +203,10 @@ class DualARTransformer(nn.Module):
     ) -> torch.Tensor:
         """Runs the slow stack, writing K/V of the new positions; returns the pre-norm hidden [B, S, dim]."""
         r = None  # each block's MLP output is added to the stream by the next block's norm kernel
+        c = self.config  # one mask for every layer (the decode path, one query per row, needs none)
+        mask = grouped_causal_mask(positions, kv_len, c.n_head // c.n_local_heads) if x.shape[1] > 1 else None
         for i, layer in enumerate(self.layers):
-            x, r = layer(x, rope, k_cache[i], v_cache[i], slots, positions, kv_len, residual=r)
+            x, r = layer(x, rope, k_cache[i], v_cache[i], slots, positions, kv_len, residual=r, mask=mask)
         return x if r is None else x + r
 
     def head_weight(self) -> torch.Tensor:
