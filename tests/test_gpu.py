@@ -93,3 +93,35 @@ def test_graph_replay_equals_eager(golden: Path) -> None:
     runner = FrameZeroRunner(few)
     runner.capture()
     assert runner.buckets == [1, 2, 3] and few.frame_zero_graphs is runner
+
+
+def test_fp8_scheduler_with_concurrent_prefill_and_decode_graphs(tmp_path: Path) -> None:
+    """FP8 streams whose turns keep starting while others decode: the prefill thread replays its frame-0 graphs while
+    the decode thread replays its steps, each family on its own FP8 GEMM scratch (kernels.graph_scratch). Sharing
+    one scratch mixed the two threads' split-tile counters and hung the GPU (H200, af3301e); here every turn must
+    end normally within the timeout."""
+    from rtts.bench.gate import make_demo
+
+    _, fp8_dir = make_demo(tmp_path)
+    lm = load_model(fp8_dir, device="cuda", dtype=torch.bfloat16)
+    codec = load_codec(fp8_dir, device="cuda", dtype=torch.float32)
+    engine = Engine(lm, max_slots=6, max_ctx=512)
+    params = SamplingParams(temperature=0.8, top_p=0.8, top_k=30, max_frames=12)
+    with Scheduler(engine, codec, SchedulerConfig(cuda_graphs=True)) as sch:
+        assert engine.frame_zero_graphs is not None
+        handles = [sch.open([]) for _ in range(6)]
+        ended = 0
+        outboxes = [h.speak(f"Turn zero of stream {i}.", params) for i, h in enumerate(handles)]
+        for turn in range(4):  # each stream's next turn is spoken as soon as its last ends: prefills meet decodes
+            for i, h in enumerate(handles):
+                while True:
+                    item = outboxes[i].get(timeout=60)
+                    if isinstance(item, TurnEnd):
+                        assert item.ok, (i, turn, item)
+                        ended += 1
+                        break
+                if turn < 3:
+                    outboxes[i] = h.speak(f"Turn {turn + 1} of stream {i}.", params)
+        assert ended == 24
+        for h in handles:
+            h.close()
