@@ -183,3 +183,4 @@ def test_fp8_prefill_rows_run_dense_on_the_gpu() -> None:
         sliced = kernels.fp8_linear(x, mod.weight, mod.weight_scale)  # what the rows cost before: 128-token slices
     assert torch.equal(y, want)
     assert float((sliced.float() - y.float()).norm() / y.float().norm()) < 0.05
+

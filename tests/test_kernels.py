@@ -490,3 +490,23 @@ def test_kernels_capture_in_cuda_graph() -> None:
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
     assert math.isfinite(float(out.float().abs().max()))
+
+
+def test_graph_families_get_their_own_gemm_scratch() -> None:
+    """Graphs captured under graph_scratch(family) use that family's split-tile scratch, not the decode graphs' (the
+    default family): the two threads replay concurrently. The family is per thread and restored on exit."""
+    import threading
+
+    default = kernels._scratch_key(0, True)
+    with kernels.graph_scratch("frame-zero"):
+        inside = kernels._scratch_key(0, True)
+        other: list[tuple[int, int, bool, str]] = []
+        t = threading.Thread(target=lambda: other.append(kernels._scratch_key(0, True)))
+        t.start()
+        t.join()
+        with kernels.graph_scratch("nested"):
+            assert kernels._scratch_key(0, True)[3] == "nested"
+        assert kernels._scratch_key(0, True) == inside
+    assert inside != default and inside[3] == "frame-zero"
+    assert other == [default]
+    assert kernels._scratch_key(0, True) == default

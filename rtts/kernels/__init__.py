@@ -179,13 +179,19 @@ def _streamk_floats(sms: int) -> int:
     return sms * _MAX_GRID_PER_SM * _TILE_ROWS * 64
 
 
+def _scratch_key(idx: int, graphs: bool) -> tuple[int, int, bool, str]:
+    """_STREAMK key of captured graphs on device idx: one per graph family (graph_scratch, this thread's)."""
+    assert graphs, "eager scratch is keyed by the stream (_streamk)"
+    return (idx, 0, True, getattr(_CAPTURE, "family", ""))
+
+
 def _streamk(device: torch.device, sms: int, for_graphs: bool | None = None) -> _StreamK:
     """The scratch for GEMMs launched now: the current stream's, or the graphs' one while a capture runs."""
     from rtts.kernels import _jit
 
     graphs = torch.cuda.is_current_stream_capturing() if for_graphs is None else for_graphs
     idx = _index(device)
-    key = (idx, 0, True, getattr(_CAPTURE, "family", "")) if graphs else (idx, _jit.stream_handle(idx), False, "")
+    key = _scratch_key(idx, True) if graphs else (idx, _jit.stream_handle(idx), False, "")
     sk = _STREAMK.get(key)
     if sk is None:
         floats = _streamk_floats(sms)
