@@ -497,16 +497,16 @@ def test_graph_families_get_their_own_gemm_scratch() -> None:
     default family): the two threads replay concurrently. The family is per thread and restored on exit."""
     import threading
 
-    default = kernels._scratch_key(0, True)
+    default = kernels._graph_scratch_key(0)
     with kernels.graph_scratch("frame-zero"):
-        inside = kernels._scratch_key(0, True)
+        inside = kernels._graph_scratch_key(0)
         other: list[tuple[int, int, bool, str]] = []
-        t = threading.Thread(target=lambda: other.append(kernels._scratch_key(0, True)))
+        t = threading.Thread(target=lambda: other.append(kernels._graph_scratch_key(0)))
         t.start()
         t.join()
         with kernels.graph_scratch("nested"):
-            assert kernels._scratch_key(0, True)[3] == "nested"
-        assert kernels._scratch_key(0, True) == inside
+            assert kernels._graph_scratch_key(0)[3] == "nested"
+        assert kernels._graph_scratch_key(0) == inside
     assert inside != default and inside[3] == "frame-zero"
     assert other == [default]
-    assert kernels._scratch_key(0, True) == default
+    assert kernels._graph_scratch_key(0) == default

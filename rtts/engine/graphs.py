@@ -13,7 +13,9 @@ a kernel that reads each slot's length from device memory needs one bucket (the 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -33,6 +35,31 @@ def kv_buckets(max_len: int, smallest: int = 256) -> list[int]:
         out.append(b)
         b *= 2
     return out + [max_len]
+
+
+K = TypeVar("K")
+T = TypeVar("T")
+
+
+def capture_graphs(device: torch.device, keys: Iterable[K],
+                   body: Callable[[K], T]) -> dict[K, tuple[torch.cuda.CUDAGraph, T]]:
+    """For each key in order: run body(key) twice (lazy inits and autotuning happen outside the capture), then
+    capture it. All graphs share one new memory pool (give the largest first, so it is sized once) and are captured
+    on a side stream; returns each key's graph and the outputs its replays rewrite."""
+    out: dict[K, tuple[torch.cuda.CUDAGraph, T]] = {}
+    pool = torch.cuda.graph_pool_handle()
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for key in keys:
+            for _ in range(2):
+                body(key)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool, stream=side, capture_error_mode="thread_local"):
+                out[key] = (g, body(key))
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    return out
 
 
 @dataclass
@@ -79,22 +106,9 @@ class DecodeRunner:
         if not self.use_graphs:
             return
         t0 = time.perf_counter()
-        eng = self.engine
-        pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream(device=self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for kv in reversed(self.kv_buckets):
-                for b in reversed(self.buckets):
-                    slots = self.slots_dev[:b]
-                    for _ in range(2):  # warm-up: lazy inits and autotuning happen outside the capture
-                        eng.decode_step(slots, kv)
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g, pool=pool, stream=side, capture_error_mode="thread_local"):
-                        cols, finish = eng.decode_step(slots, kv)
-                    self.graphs[(b, kv)] = _Graph(g, cols, finish)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        torch.cuda.synchronize(self.device)
+        keys = [(b, kv) for kv in reversed(self.kv_buckets) for b in reversed(self.buckets)]
+        graphs = capture_graphs(self.device, keys, lambda k: self.engine.decode_step(self.slots_dev[:k[0]], k[1]))
+        self.graphs = {k: _Graph(g, cols, finish) for k, (g, (cols, finish)) in graphs.items()}
         self.capture_seconds = time.perf_counter() - t0
 
     def step(self, slots: list[int], kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,7 +142,7 @@ class FrameZeroRunner:
         self.engine = engine
         self.use_graphs = (engine.device.type == "cuda") if use_graphs is None else use_graphs
         cap = min(engine.prefill_rows, engine.max_slots)  # sampled rows: one turn per stream, at most one per slot
-        self.buckets = [b for b in (1, 2, 4) if b < cap] + list(range(8, cap, 8)) + [cap]
+        self.buckets = batch_buckets(cap)
         dev = engine.device
         self.hidden = torch.zeros(cap, engine.config.dim, dtype=engine.dtype, device=dev)
         self.slots = torch.full((cap,), engine.scratch_slot, dtype=torch.int64, device=dev)
@@ -143,22 +157,11 @@ class FrameZeroRunner:
             return
         t0 = time.perf_counter()
         eng = self.engine
-        pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream(device=eng.device)
-        side.wait_stream(torch.cuda.current_stream(eng.device))
         # Its own split-tile scratch: these replay on the prefill thread while the decode graphs replay.
-        with kernels.graph_scratch("frame-zero"), torch.cuda.stream(side):
+        with kernels.graph_scratch("frame-zero"):
             kernels.reserve_graph_scratch(eng.device)
-            for b in reversed(self.buckets):
-                args = (self.hidden[:b], self.slots[:b], self.active[:b])
-                for _ in range(2):
-                    eng.frame_zero(*args)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool, stream=side, capture_error_mode="thread_local"):
-                    col = eng.frame_zero(*args)
-                self.graphs[b] = (g, col)
-        torch.cuda.current_stream(eng.device).wait_stream(side)
-        torch.cuda.synchronize(eng.device)
+            self.graphs = capture_graphs(eng.device, reversed(self.buckets),
+                                         lambda b: eng.frame_zero(self.hidden[:b], self.slots[:b], self.active[:b]))
         eng.frame_zero_graphs = self
         self.capture_seconds = time.perf_counter() - t0
 

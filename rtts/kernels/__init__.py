@@ -179,9 +179,8 @@ def _streamk_floats(sms: int) -> int:
     return sms * _MAX_GRID_PER_SM * _TILE_ROWS * 64
 
 
-def _scratch_key(idx: int, graphs: bool) -> tuple[int, int, bool, str]:
+def _graph_scratch_key(idx: int) -> tuple[int, int, bool, str]:
     """_STREAMK key of captured graphs on device idx: one per graph family (graph_scratch, this thread's)."""
-    assert graphs, "eager scratch is keyed by the stream (_streamk)"
     return (idx, 0, True, getattr(_CAPTURE, "family", ""))
 
 
@@ -191,7 +190,7 @@ def _streamk(device: torch.device, sms: int, for_graphs: bool | None = None) -> 
 
     graphs = torch.cuda.is_current_stream_capturing() if for_graphs is None else for_graphs
     idx = _index(device)
-    key = _scratch_key(idx, True) if graphs else (idx, _jit.stream_handle(idx), False, "")
+    key = _graph_scratch_key(idx) if graphs else (idx, _jit.stream_handle(idx), False, "")
     sk = _STREAMK.get(key)
     if sk is None:
         floats = _streamk_floats(sms)
@@ -437,6 +436,11 @@ def fp8_linear(x: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor) -> torch.Ten
 FP8_DENSE_ROWS = 128
 
 
+def fp8_runs_dense(x: torch.Tensor) -> bool:
+    """Whether FP8 linears take the rows of x [..., K] dense (more than FP8_DENSE_ROWS of them)."""
+    return x.numel() > FP8_DENSE_ROWS * x.shape[-1]
+
+
 def dequantize_weight(wq: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
     """wq fp8 [N, K] or packed [N/128, K/128, 128, 128] (pack_weight), sw fp32 [ceil(N/128), ceil(K/128)] ->
     bf16 [N, K] = wq * sw per 128x128 block (cuda/dequant.cu)."""
@@ -596,7 +600,7 @@ def warmup(device: torch.device) -> None:
         for inst in _H_INSTANCES:
             _jit.set_dynamic_smem(_jit.function("fp8_gemm_wgmma64.cu", inst, _H_INSTANCES), _SMEM_PAIR_LIMIT)
         _streamk(device, _sm_count(_index(device)))
-        _streamk(device, _sm_count(_index(device)), for_graphs=True)  # allocated outside any capture
+        reserve_graph_scratch(device)  # the decode graphs' (default family), allocated outside any capture
         _cluster_capacity(_index(device))
     for inst in _GEMM_INSTANCES:  # [N, K] weights (any GPU)
         _jit.function("fp8_gemm.cu", inst, _GEMM_INSTANCES)

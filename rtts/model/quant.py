@@ -53,7 +53,7 @@ class FP8Linear(nn.Module):
         if isinstance(x, QuantizedRows):
             y = kernels.fp8_gemm(x.q, x.scale, self.weight, self.weight_scale)
             return y.view(*x.shape[:-1], y.shape[-1]).to(x.dtype)
-        if x.numel() > kernels.FP8_DENSE_ROWS * x.shape[-1]:  # prefill: one dense GEMM on the dequantized weight
+        if kernels.fp8_runs_dense(x):  # prefill: one dense GEMM on the dequantized weight
             return nn.functional.linear(x.to(torch.bfloat16), self.dense_weight()).to(x.dtype)
         return kernels.fp8_linear(x.to(torch.bfloat16), self.weight, self.weight_scale).to(x.dtype)
 
@@ -95,7 +95,7 @@ class FP8FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor | QuantizedRows) -> torch.Tensor:
         lead = x.shape[:-1]
-        if not isinstance(x, QuantizedRows) and x.numel() > kernels.FP8_DENSE_ROWS * x.shape[-1]:
+        if not isinstance(x, QuantizedRows) and kernels.fp8_runs_dense(x):
             return self._dense(x)
         if isinstance(x, QuantizedRows):
             x2: torch.Tensor | QuantizedRows = QuantizedRows(x.q, x.scale, x.q.shape, torch.bfloat16)
