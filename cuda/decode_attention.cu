@@ -5,8 +5,10 @@
 //   lens   int64 [B]                      (keys to attend: positions 0..lens-1; read on the device, so one captured
 //                                          graph serves any lengths)
 // Grid (S, n_kv, B): CTA (s, h, b) handles keys [s*chunk, (s+1)*chunk) of KV head h for the G query heads that share
-// it, so each K/V byte is read once. With S > 1 splits write partials (m, l, o) that decode_attention_merge combines
-// (split-KV keeps small batches from idling most SMs).
+// it, so each K/V byte is read once. With S > 1 (split-KV keeps small batches from idling most SMs) the splits write
+// partials (m, l, o) and the last CTA of each (b, h) to finish combines them (merge_splits): no second launch, and
+// the merge of one head overlaps the other heads' splits. `counters` (int32 [B * n_kv], zero; reset by that CTA, so
+// graph replays need no memset) counts the finished splits.
 //
 // Memory: 64-key tiles of K and V (32 KB at head dim 128) stream through a double-buffered cp.async pipeline
 // (16-byte copies, zero fill past the length): one tile loads while the other computes, and three CTAs share an SM,
@@ -24,12 +26,68 @@
 #define STAGES 2
 #define LOG2E 1.4426950408889634f
 
+// Combine the S split partials of one (b, kv head): ws_ml [S][G][2] (max, sum) and ws_o [S][G][HD] from partial row
+// p0 = ((b * n_kv + h) * S) * G on, into out rows q0 .. q0 + G - 1. Run by the CTA that finished last, with the
+// pipeline memory `buf` (at least 2 * S * G floats) free: every (max, sum) pair is read once, in one round trip,
+// then each thread sums 4 output dims over the splits with float4 loads kept 8 deep in flight. Splits are summed in
+// index order whichever CTA merges, so every launch gives the same bits. Not inlined: ptxas then budgets its
+// registers apart from the main loop's (inlined, the kernel spilled 44 bytes at 168 registers; head dim 128, G = 4).
+template <int HD, int G>
+__device__ __noinline__ void merge_splits(const float* __restrict__ ws_o, const float* __restrict__ ws_ml,
+                                             bf16_t* __restrict__ out, float* buf, i64 p0, i64 q0, int S) {
+    __shared__ float gmax[G], ginv[G];
+    const int tid = threadIdx.x;
+    float* ms = buf;           // [S][G] maxima, then the splits' weights exp2(m - max)
+    float* ls = buf + S * G;   // [S][G] sums
+    for (int i = tid; i < S * G; i += blockDim.x) {
+        ms[i] = __ldcg(ws_ml + (p0 + i) * 2);
+        ls[i] = __ldcg(ws_ml + (p0 + i) * 2 + 1);
+    }
+    __syncthreads();
+    if (tid < G) {
+        float mx = -RTTS_INF, lsum = 0.f;
+        for (int s = 0; s < S; ++s) mx = fmaxf(mx, ms[s * G + tid]);
+        if (mx != -RTTS_INF)
+            for (int s = 0; s < S; ++s)
+                if (ms[s * G + tid] != -RTTS_INF) lsum += ls[s * G + tid] * exp2f(ms[s * G + tid] - mx);
+        gmax[tid] = mx;
+        ginv[tid] = lsum > 0.f ? 1.f / lsum : 0.f;  // no valid key at all: zeros, as the unsplit kernel writes
+    }
+    __syncthreads();
+    for (int i = tid; i < S * G; i += blockDim.x) {
+        const float m = ms[i];
+        ms[i] = m == -RTTS_INF ? 0.f : exp2f(m - gmax[i % G]);  // an empty split (past the length) weighs nothing
+    }
+    __syncthreads();
+    constexpr int Q = HD / 4;  // float4s per head row
+    for (int i = tid; i < G * Q; i += blockDim.x) {
+        const int gi = i / Q, d4 = i - gi * Q;
+        const float4* src = reinterpret_cast<const float4*>(ws_o) + (p0 + gi) * Q + d4;
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+        for (int s = 0; s < S; ++s) {
+            const float f = ms[s * G + gi];
+            const float4 v = __ldcg(src + (i64)s * G * Q);
+            o.x += f * v.x;
+            o.y += f * v.y;
+            o.z += f * v.z;
+            o.w += f * v.w;
+        }
+        const float inv = ginv[gi];
+        bf16_t* dst = out + (q0 + gi) * HD + 4 * d4;
+        dst[0] = float_to_bf16(o.x * inv);
+        dst[1] = float_to_bf16(o.y * inv);
+        dst[2] = float_to_bf16(o.z * inv);
+        dst[3] = float_to_bf16(o.w * inv);
+    }
+}
+
 template <int HD, int G>
 __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kc,
                                              const bf16_t* __restrict__ vc, const i64* __restrict__ slots,
                                              const i64* __restrict__ lens, float* __restrict__ ws_o,
-                                             float* __restrict__ ws_ml, bf16_t* __restrict__ out, int n_kv, int L,
-                                             int chunk, float scale) {
+                                             float* __restrict__ ws_ml, bf16_t* __restrict__ out,
+                                             int* __restrict__ counters, int n_kv, int L, int chunk, float scale) {
     constexpr int CH = HD / 8;            // 16-byte chunks per row
     constexpr int ROW = HD * 2;           // bytes per row
     constexpr int DPL = HD / 32;          // output dims per lane
@@ -200,13 +258,30 @@ __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const
             }
         }
     }
+    if (S == 1) return;
+    // The last split of (b, h) to finish merges them all (the classic fence-then-count handoff: every CTA's partials
+    // are visible device-wide before its arrival is counted, and the last one fences again before reading).
+    __shared__ int is_last;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int* ctr = counters + (i64)b * n_kv + h;
+        is_last = atomicAdd(ctr, 1) == S - 1;
+        if (is_last) *ctr = 0;  // every split has arrived: ready for the next launch
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    merge_splits<HD, G>(ws_o, ws_ml, out, reinterpret_cast<float*>(smem), (((i64)b * n_kv + h) * S) * G,
+                        (i64)b * H + h * G, S);
 }
 
+// Three CTAs per SM (168 registers): the split planner (kernels.attention_splits) counts waves of three.
 #define DEFINE_ATTN(HD, G)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) decode_attention_##HD##_##G(                          \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, 3) decode_attention_##HD##_##G(                       \
         const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const i64* slots, const i64* lens, float* ws_o,      \
-        float* ws_ml, bf16_t* out, int n_kv, int L, int chunk, float scale) {                                     \
-        attend_split<HD, G>(q, kc, vc, slots, lens, ws_o, ws_ml, out, n_kv, L, chunk, scale);                     \
+        float* ws_ml, bf16_t* out, int* counters, int n_kv, int L, int chunk, float scale) {                      \
+        attend_split<HD, G>(q, kc, vc, slots, lens, ws_o, ws_ml, out, counters, n_kv, L, chunk, scale);           \
     }
 
 DEFINE_ATTN(128, 1)
@@ -217,29 +292,3 @@ DEFINE_ATTN(64, 1)
 DEFINE_ATTN(64, 2)
 DEFINE_ATTN(64, 4)
 DEFINE_ATTN(64, 8)
-
-// Combine S split partials per (b, kv head, query head, dim): grid (n_kv, B), block G*HD threads (<= 1024).
-extern "C" __global__ void decode_attention_merge(const float* __restrict__ ws_o, const float* __restrict__ ws_ml,
-                                                  bf16_t* __restrict__ out, int n_kv, int G, int HD, int S) {
-    const int h = blockIdx.x, b = blockIdx.y;
-    const int i = threadIdx.x;
-    if (i >= G * HD) return;
-    const int gi = i / HD, d = i - gi * HD;
-    const i64 base = ((i64)b * n_kv + h) * S;
-    // Unrolled so each thread keeps several split loads in flight: the loops are a chain of L2 round trips otherwise
-    // (the merge of 33 splits took ~8 us at batch 1).
-    float mx = -RTTS_INF;
-#pragma unroll 8
-    for (int s = 0; s < S; ++s) mx = fmaxf(mx, ws_ml[((base + s) * G + gi) * 2]);
-    float lsum = 0.f, o = 0.f;
-#pragma unroll 8
-    for (int s = 0; s < S; ++s) {
-        const i64 k = (base + s) * G + gi;
-        const float mm = ws_ml[k * 2];
-        if (mm == -RTTS_INF) continue;  // an empty split (past this stream's length)
-        const float f = exp2f(mm - mx);
-        lsum += ws_ml[k * 2 + 1] * f;
-        o += ws_o[k * HD + d] * f;
-    }
-    out[((i64)b * n_kv * G + h * G + gi) * HD + d] = float_to_bf16(lsum > 0.f ? o / lsum : 0.f);
-}

@@ -461,6 +461,47 @@ def test_decode_attention_kernel(B: int, L: int, n_kv: int, G: int, D: int) -> N
 
 
 @GPU
+def test_decode_attention_split_merge_is_deterministic_and_replays() -> None:
+    """Split-KV (one stream, 2048 keys: many splits): the last split of each KV head merges them, so the counters
+    must be back at zero after every launch (graph replays reuse them) and the bits must not depend on which CTA
+    merged. A graph captured once serves new lengths, down to one key (every later split empty)."""
+    B, L, n_kv, G, D = 1, 2048, 8, 4, 128
+    assert kernels.attention_splits(B, n_kv, L, kernels._sm_count(0))[0] > 1
+    q = _x(B, n_kv * G, D, seed=5, device="cuda")
+    kc, vc = _x(2, L, n_kv, D, seed=6, device="cuda"), _x(2, L, n_kv, D, seed=7, device="cuda")
+    slots = torch.tensor([1], device="cuda")
+    lens = torch.tensor([L], device="cuda")
+    first = kernels.decode_attention(q, kc, vc, slots, lens)
+    for _ in range(5):
+        assert torch.equal(kernels.decode_attention(q, kc, vc, slots, lens), first)
+    assert not kernels._streamk(torch.device("cuda"), kernels._sm_count(0)).att_counters.any()
+    kernels.warmup(torch.device("cuda"))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            out = kernels.decode_attention(q, kc, vc, slots, lens)
+    torch.cuda.current_stream().wait_stream(s)
+    for n in (L, 1, 63, 64, 65, 1000, L):
+        lens.fill_(n)
+        g.replay()
+        torch.cuda.synchronize()
+        r = ref.decode_attention(q, kc, vc, slots, lens).float()
+        assert (out.float() - r).abs().max() < 2e-2, n
+    assert torch.equal(out, first)
+    assert not kernels._streamk(torch.device("cuda"), kernels._sm_count(0), for_graphs=True).att_counters.any()
+
+
+def test_attention_splits_are_bounded() -> None:
+    """The merging CTA holds 2 x splits x G floats in its pipeline memory: the planner never exceeds the cap."""
+    for B, n_kv, L in [(1, 1, 1 << 16), (1, 8, 1 << 15), (64, 8, 2048), (1, 8, 1)]:
+        S, chunk = kernels.attention_splits(B, n_kv, L)
+        assert 1 <= S <= kernels._ATT_MAX_SPLITS and S * chunk >= L and (S - 1) * chunk < L
+    assert 2 * kernels._ATT_MAX_SPLITS * 8 * 4 <= kernels.attention_smem_bytes(64)
+
+
+@GPU
 def test_token_window_kernel() -> None:
     buf = torch.randint(0, 1000, (9, 10, 1), dtype=torch.int32, device="cuda")
     rbuf = buf.clone()

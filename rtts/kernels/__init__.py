@@ -140,8 +140,9 @@ def _use_wgmma(device: torch.device) -> bool:
 
 @dataclasses.dataclass
 class _StreamK:
-    """Split-tile scratch of one stream: FP32 partials (one tile slot per CTA) and per-tile arrival counters that
-    the kernel resets itself. Kept per stream because kernels on one stream run in order, while the prefill and
+    """Split scratch of one stream: the FP8 GEMM's FP32 partials (one tile slot per CTA) and per-tile arrival
+    counters, and decode attention's per-(stream, KV head) counts of finished splits; the kernels reset their
+    counters themselves. Kept per stream because kernels on one stream run in order, while the prefill and
     decode threads run GEMMs concurrently on their own streams. Allocated once, never resized, so pointers baked
     into captured CUDA graphs stay valid. Graph captures use one scratch per device, apart from every stream's eager
     one (allocated by warmup, before any capture): torch hands out pooled stream handles round-robin, so a stream
@@ -152,6 +153,7 @@ class _StreamK:
 
     partials: torch.Tensor
     counters: torch.Tensor
+    att_counters: torch.Tensor
 
 
 # (device, stream handle or 0 for graphs, graphs, graph family or "")
@@ -171,6 +173,7 @@ def graph_scratch(family: str) -> Iterator[None]:
     finally:
         _CAPTURE.family = prev
 _STREAMK_TILES = 1 << 16  # counters: N up to 8M rows
+_ATT_COUNTERS = 1 << 16  # decode attention: batch x KV heads
 
 
 def _streamk_floats(sms: int) -> int:
@@ -193,16 +196,17 @@ def _streamk(device: torch.device, sms: int, for_graphs: bool | None = None) -> 
     key = _graph_scratch_key(idx) if graphs else (idx, _jit.stream_handle(idx), False, "")
     sk = _STREAMK.get(key)
     if sk is None:
-        floats = _streamk_floats(sms)
+        floats = _streamk_floats(sms) if _use_wgmma(device) else 0  # partials: only the wgmma GEMM splits tiles
         sk = _StreamK(torch.empty(floats, dtype=torch.float32, device=device),
-                      torch.zeros(_STREAMK_TILES, dtype=torch.int32, device=device))
+                      torch.zeros(_STREAMK_TILES, dtype=torch.int32, device=device),
+                      torch.zeros(_ATT_COUNTERS, dtype=torch.int32, device=device))
         _STREAMK[key] = sk
     return sk
 
 
 def reserve_graph_scratch(device: torch.device) -> None:
-    """Allocate the current graph family's split-tile scratch now (before a capture; see graph_scratch)."""
-    if device.type == "cuda" and _use_wgmma(device):
+    """Allocate the current graph family's split scratch now (before a capture; see graph_scratch)."""
+    if device.type == "cuda":
         _streamk(device, _sm_count(_index(device)), for_graphs=True)
 
 
@@ -480,15 +484,19 @@ _DEQUANT_INSTANCES = ("dequantize_fp8<true>", "dequantize_fp8<false>")
 
 _ATT_TILE, _ATT_STAGES = 64, 2  # must match cuda/decode_attention.cu
 _ATT_CTAS_PER_SM = 3  # 64 KB of K/V tiles each (head dim 128)
+# The merging CTA keeps every split's (max, sum) per query head in its pipeline memory: 2 x S x G floats, within the
+# 32 KB of head dim 64 for G up to 8 at this many splits.
+_ATT_MAX_SPLITS = 256
 
 
 def attention_splits(B: int, n_kv: int, L: int, sms: int = _SMS) -> tuple[int, int]:
     """(splits, keys per split) for a cache of L positions. CTAs run in waves of `_ATT_CTAS_PER_SM` per SM, so a
     split count that leaves the last wave nearly empty costs a whole wave: pick the split minimizing
-    waves x (64-key tiles per CTA + a fixed cost of about two tiles for the pipeline fill and the merge)."""
+    waves x (64-key tiles per CTA + a fixed cost of about two tiles for the pipeline fill and the merge), with at
+    most _ATT_MAX_SPLITS splits."""
     slots = sms * _ATT_CTAS_PER_SM
     best: tuple[float, int, int] | None = None
-    for want in range(1, max(1, math.ceil(L / _ATT_TILE)) + 1):
+    for want in range(1, min(_ATT_MAX_SPLITS, max(1, math.ceil(L / _ATT_TILE))) + 1):
         chunk = math.ceil(math.ceil(L / want) / _ATT_TILE) * _ATT_TILE
         S = math.ceil(L / chunk)
         cost = math.ceil(B * n_kv * S / slots) * (chunk / _ATT_TILE + 2)
@@ -537,24 +545,28 @@ def decode_attention(
         return reference.decode_attention(q, k_cache, v_cache, slots, lens)
     from rtts.kernels import _jit
 
-    S, chunk = attention_splits(B, n_kv, L, _sm_count(_index(q.device)))
+    dev = _index(q.device)
+    S, chunk = attention_splits(B, n_kv, L, _sm_count(dev))
+    smem = attention_smem_bytes(D)
     out = torch.empty_like(q)
+    counters = out  # unused unless split
     if S > 1:
         ws_o = torch.empty(B, n_kv, S, G, D, dtype=torch.float32, device=q.device)
         ws_ml = torch.empty(B, n_kv, S, G, 2, dtype=torch.float32, device=q.device)
+        # The last split of each (stream, KV head) merges them; its count lives in this stream's (or graph
+        # family's) scratch, like the GEMM's tile counters, so concurrent streams never share one.
+        counters = _streamk(q.device, _sm_count(dev)).att_counters
+        _check(B * n_kv <= counters.numel() and 2 * S * G * 4 <= smem,
+               lambda: f"decode_attention: {B} streams x {n_kv} KV heads x {S} splits exceed the merge scratch")
     else:
         ws_o = ws_ml = out  # unused
     fn = _jit.function("decode_attention.cu", f"decode_attention_{D}_{G}")
-    smem = attention_smem_bytes(D)
     _jit.set_dynamic_smem(fn, smem)
     _jit.launch(fn, (S, n_kv, B), (128,), (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
                                            lens.data_ptr(), ws_o.data_ptr(), ws_ml.data_ptr(), out.data_ptr(),
-                                           _i32(n_kv), _i32(L), _i32(chunk), np.float32(1.0 / math.sqrt(D))),
+                                           counters.data_ptr(), _i32(n_kv), _i32(L), _i32(chunk),
+                                           np.float32(1.0 / math.sqrt(D))),
                 shared_mem=smem)
-    if S > 1:
-        merge = _jit.function("decode_attention.cu", "decode_attention_merge")
-        _jit.launch(merge, (n_kv, B), (G * D,), (ws_o.data_ptr(), ws_ml.data_ptr(), out.data_ptr(), _i32(n_kv),
-                                                 _i32(G), _i32(D), _i32(S)))
     return out
 
 
@@ -599,9 +611,9 @@ def warmup(device: torch.device) -> None:
             _jit.set_dynamic_smem(_jit.function("fp8_gemm_wgmma.cu", inst, _WGMMA_INSTANCES), _SMEM_LIMIT)
         for inst in _H_INSTANCES:
             _jit.set_dynamic_smem(_jit.function("fp8_gemm_wgmma64.cu", inst, _H_INSTANCES), _SMEM_PAIR_LIMIT)
-        _streamk(device, _sm_count(_index(device)))
-        reserve_graph_scratch(device)  # the decode graphs' (default family), allocated outside any capture
         _cluster_capacity(_index(device))
+    _streamk(device, _sm_count(_index(device)))
+    reserve_graph_scratch(device)  # the decode graphs' (default family), allocated outside any capture
     for inst in _GEMM_INSTANCES:  # [N, K] weights (any GPU)
         _jit.function("fp8_gemm.cu", inst, _GEMM_INSTANCES)
     _jit.function("fp8_gemm.cu", "gemm_reduce_splits", _GEMM_INSTANCES)
@@ -611,7 +623,6 @@ def warmup(device: torch.device) -> None:
         for g in (1, 2, 4, 8):
             _jit.set_dynamic_smem(_jit.function("decode_attention.cu", f"decode_attention_{d}_{g}"),
                                   attention_smem_bytes(d))
-    _jit.function("decode_attention.cu", "decode_attention_merge")
     _jit.function("token_window.cu", "token_window_shift")
     from rtts.kernels import draw, norm_rope
 
