@@ -6,9 +6,13 @@
 //                                          graph serves any lengths)
 // Grid (S, n_kv, B): CTA (s, h, b) handles keys [s*chunk, (s+1)*chunk) of KV head h for the G query heads that share
 // it, so each K/V byte is read once. With S > 1 (split-KV keeps small batches from idling most SMs) the splits write
-// partials (m, l, o) and the last CTA of each (b, h) to finish combines them (merge_splits): no second launch, and
-// the merge of one head overlaps the other heads' splits. `counters` (int32 [B * n_kv], zero; reset by that CTA, so
-// graph replays need no memset) counts the finished splits.
+// partials (m, l, o) that merge_splits combines, in one of two places (the host picks, kernels.attention_fuses):
+//   - decode_attention_merge_HD_G, a second launch (grid (n_kv, B)), once every split is done;
+//   - the `_fused` instances: the last CTA of each (b, h) to finish merges its splits, counted in `counters`
+//     (int32 [B * n_kv], zero; reset by that CTA, so graph replays need no memset). No second launch, which
+//     measured 17.9 -> 11.3 us at batch 1 x 2048 keys (32 splits); but the merging CTA holds its SM slot through
+//     several dependent L2 round trips, slow while the other CTAs saturate memory, so grids of more than one wave
+//     keep the second launch (fused: 64 x 2048 keys 170 -> 199 us, bench/probes/attention_variants.py).
 //
 // Memory: 64-key tiles of K and V (32 KB at head dim 128) stream through a double-buffered cp.async pipeline
 // (16-byte copies, zero fill past the length): one tile loads while the other computes, and three CTAs share an SM,
@@ -27,8 +31,9 @@
 #define LOG2E 1.4426950408889634f
 
 // Combine the S split partials of one (b, kv head): ws_ml [S][G][2] (max, sum) and ws_o [S][G][HD] from partial row
-// p0 = ((b * n_kv + h) * S) * G on, into out rows q0 .. q0 + G - 1. Run by the CTA that finished last, with the
-// pipeline memory `buf` (at least 2 * S * G floats) free: every (max, sum) pair is read once, in one round trip,
+// p0 = ((b * n_kv + h) * S) * G on, into out rows q0 .. q0 + G - 1, by one CTA of 128 threads (the split that
+// finished last, its pipeline memory free, or decode_attention_merge), with `buf` (shared memory, at least 2 * S * G
+// floats): every (max, sum) pair is read once, in one round trip,
 // then each thread sums 4 output dims over the splits with float4 loads kept 8 deep in flight. Splits are summed in
 // index order whichever CTA merges, so every launch gives the same bits. Not inlined: ptxas then budgets its
 // registers apart from the main loop's (inlined, the kernel spilled 44 bytes at 168 registers; head dim 128, G = 4).
@@ -82,7 +87,7 @@ __device__ __noinline__ void merge_splits(const float* __restrict__ ws_o, const 
     }
 }
 
-template <int HD, int G>
+template <int HD, int G, bool FUSED>
 __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kc,
                                              const bf16_t* __restrict__ vc, const i64* __restrict__ slots,
                                              const i64* __restrict__ lens, float* __restrict__ ws_o,
@@ -258,7 +263,7 @@ __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const
             }
         }
     }
-    if (S == 1) return;
+    if (!FUSED || S == 1) return;
     // The last split of (b, h) to finish merges them all (the classic fence-then-count handoff: every CTA's partials
     // are visible device-wide before its arrival is counted, and the last one fences again before reading).
     __shared__ int is_last;
@@ -276,12 +281,26 @@ __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const
                         (i64)b * H + h * G, S);
 }
 
-// Three CTAs per SM (168 registers): the split planner (kernels.attention_splits) counts waves of three.
+// The fused instances are held to three CTAs per SM (168 registers, as the split planner kernels.attention_splits
+// counts): their merge call otherwise pushes the main loop past it.
 #define DEFINE_ATTN(HD, G)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32, 3) decode_attention_##HD##_##G(                       \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) decode_attention_##HD##_##G(                          \
         const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const i64* slots, const i64* lens, float* ws_o,      \
         float* ws_ml, bf16_t* out, int* counters, int n_kv, int L, int chunk, float scale) {                      \
-        attend_split<HD, G>(q, kc, vc, slots, lens, ws_o, ws_ml, out, counters, n_kv, L, chunk, scale);           \
+        attend_split<HD, G, false>(q, kc, vc, slots, lens, ws_o, ws_ml, out, counters, n_kv, L, chunk, scale);    \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, 3) decode_attention_fused_##HD##_##G(                 \
+        const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const i64* slots, const i64* lens, float* ws_o,      \
+        float* ws_ml, bf16_t* out, int* counters, int n_kv, int L, int chunk, float scale) {                      \
+        attend_split<HD, G, true>(q, kc, vc, slots, lens, ws_o, ws_ml, out, counters, n_kv, L, chunk, scale);     \
+    }                                                                                                             \
+    /* grid (n_kv, B), 128 threads, 2 * S * G floats of dynamic shared memory */                                  \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) decode_attention_merge_##HD##_##G(                    \
+        const float* ws_o, const float* ws_ml, bf16_t* out, int n_kv, int S) {                                    \
+        extern __shared__ __align__(16) unsigned char mbuf[];                                                     \
+        const int h = blockIdx.x, b = blockIdx.y;                                                                 \
+        merge_splits<HD, G>(ws_o, ws_ml, out, reinterpret_cast<float*>(mbuf), (((i64)b * n_kv + h) * S) * G,      \
+                            ((i64)b * n_kv + h) * G, S);                                                          \
     }
 
 DEFINE_ATTN(128, 1)

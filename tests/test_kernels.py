@@ -461,16 +461,19 @@ def test_decode_attention_kernel(B: int, L: int, n_kv: int, G: int, D: int) -> N
 
 
 @GPU
-def test_decode_attention_split_merge_is_deterministic_and_replays() -> None:
-    """Split-KV (one stream, 2048 keys: many splits): the last split of each KV head merges them, so the counters
-    must be back at zero after every launch (graph replays reuse them) and the bits must not depend on which CTA
-    merged. A graph captured once serves new lengths, down to one key (every later split empty)."""
-    B, L, n_kv, G, D = 1, 2048, 8, 4, 128
-    assert kernels.attention_splits(B, n_kv, L, kernels._sm_count(0))[0] > 1
+@pytest.mark.parametrize("B,fused", [(1, True), (16, False)])
+def test_decode_attention_split_merge_is_deterministic_and_replays(B: int, fused: bool) -> None:
+    """Split-KV over 2048 keys, merged by the last split of each KV head (one stream: many splits, one wave) or by
+    the second launch (16 streams): the counters must be back at zero after every launch (graph replays reuse
+    them) and the bits must not depend on which CTA merged. A graph captured once serves new lengths, down to one
+    key (every later split empty)."""
+    L, n_kv, G, D = 2048, 8, 4, 128
+    S, _ = kernels.attention_splits(B, n_kv, L, kernels._sm_count(0))
+    assert S > 1 and kernels.attention_fuses(B, n_kv, S, kernels._sm_count(0)) == fused
     q = _x(B, n_kv * G, D, seed=5, device="cuda")
-    kc, vc = _x(2, L, n_kv, D, seed=6, device="cuda"), _x(2, L, n_kv, D, seed=7, device="cuda")
-    slots = torch.tensor([1], device="cuda")
-    lens = torch.tensor([L], device="cuda")
+    kc, vc = _x(B + 1, L, n_kv, D, seed=6, device="cuda"), _x(B + 1, L, n_kv, D, seed=7, device="cuda")
+    slots = torch.arange(1, B + 1, device="cuda")
+    lens = torch.full((B,), L, device="cuda")
     first = kernels.decode_attention(q, kc, vc, slots, lens)
     for _ in range(5):
         assert torch.equal(kernels.decode_attention(q, kc, vc, slots, lens), first)
@@ -491,6 +494,14 @@ def test_decode_attention_split_merge_is_deterministic_and_replays() -> None:
         assert (out.float() - r).abs().max() < 2e-2, n
     assert torch.equal(out, first)
     assert not kernels._streamk(torch.device("cuda"), kernels._sm_count(0), for_graphs=True).att_counters.any()
+
+
+def test_attention_fuses_the_merge_only_for_one_wave_of_enough_splits() -> None:
+    sms = 132
+    assert kernels.attention_fuses(1, 8, 32, sms) and kernels.attention_fuses(1, 8, 8, sms)
+    assert not kernels.attention_fuses(16, 8, 3, sms)  # too few splits: the second launch was faster
+    assert not kernels.attention_fuses(12, 8, 8, sms)  # 768 CTAs: two waves
+    assert not kernels.attention_fuses(1, 8, 1, sms)
 
 
 def test_attention_splits_are_bounded() -> None:

@@ -487,6 +487,8 @@ _ATT_CTAS_PER_SM = 3  # 64 KB of K/V tiles each (head dim 128)
 # The merging CTA keeps every split's (max, sum) per query head in its pipeline memory: 2 x S x G floats, within the
 # 32 KB of head dim 64 for G up to 8 at this many splits.
 _ATT_MAX_SPLITS = 256
+# The last split merges (no second launch) from this many splits, when the grid is one wave (attention_fuses).
+_ATT_FUSE_MIN_SPLITS = 4
 
 
 def attention_splits(B: int, n_kv: int, L: int, sms: int = _SMS) -> tuple[int, int]:
@@ -504,6 +506,15 @@ def attention_splits(B: int, n_kv: int, L: int, sms: int = _SMS) -> tuple[int, i
             best = (cost, S, chunk)
     assert best is not None
     return best[1], best[2]
+
+
+def attention_fuses(B: int, n_kv: int, S: int, sms: int = _SMS) -> bool:
+    """Whether the split CTAs merge their partials themselves (the `_fused` kernels) instead of a second launch.
+    Measured on the H200 (bench/probes/attention_variants.py, head dim 128, G = 4): fused, batch 1 x 2048 keys (32
+    splits) 17.9 -> 11.3 us and 1 x 512 (8) 9.9 -> 8.4, but 16 x 512 (3 splits, one wave) 20.8 -> 22.8 and
+    64 x 2048 (3 splits, four waves) 170 -> 199: the merging CTA holds its SM slot through dependent L2 round trips,
+    which later waves wait for, while a second launch merges with memory idle. So: one wave, enough splits."""
+    return S >= _ATT_FUSE_MIN_SPLITS and B * n_kv * S <= sms * _ATT_CTAS_PER_SM
 
 
 def attention_smem_bytes(D: int) -> int:
@@ -549,24 +560,31 @@ def decode_attention(
     S, chunk = attention_splits(B, n_kv, L, _sm_count(dev))
     smem = attention_smem_bytes(D)
     out = torch.empty_like(q)
-    counters = out  # unused unless split
+    fused = S > 1 and attention_fuses(B, n_kv, S, _sm_count(dev))
+    counters = out  # unused unless fused
     if S > 1:
         ws_o = torch.empty(B, n_kv, S, G, D, dtype=torch.float32, device=q.device)
         ws_ml = torch.empty(B, n_kv, S, G, 2, dtype=torch.float32, device=q.device)
+        _check(2 * S * G * 4 <= smem, lambda: f"decode_attention: {S} splits x {G} heads exceed the merge buffer")
+    else:
+        ws_o = ws_ml = out  # unused
+    if fused:
         # The last split of each (stream, KV head) merges them; its count lives in this stream's (or graph
         # family's) scratch, like the GEMM's tile counters, so concurrent streams never share one.
         counters = _streamk(q.device, _sm_count(dev)).att_counters
-        _check(B * n_kv <= counters.numel() and 2 * S * G * 4 <= smem,
-               lambda: f"decode_attention: {B} streams x {n_kv} KV heads x {S} splits exceed the merge scratch")
-    else:
-        ws_o = ws_ml = out  # unused
-    fn = _jit.function("decode_attention.cu", f"decode_attention_{D}_{G}")
+        _check(B * n_kv <= counters.numel(), lambda: f"decode_attention: {B} streams x {n_kv} KV heads exceed the "
+                                                     "split counters")
+    fn = _jit.function("decode_attention.cu", f"decode_attention_{'fused_' if fused else ''}{D}_{G}")
     _jit.set_dynamic_smem(fn, smem)
     _jit.launch(fn, (S, n_kv, B), (128,), (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
                                            lens.data_ptr(), ws_o.data_ptr(), ws_ml.data_ptr(), out.data_ptr(),
                                            counters.data_ptr(), _i32(n_kv), _i32(L), _i32(chunk),
                                            np.float32(1.0 / math.sqrt(D))),
                 shared_mem=smem)
+    if S > 1 and not fused:
+        merge = _jit.function("decode_attention.cu", f"decode_attention_merge_{D}_{G}")
+        _jit.launch(merge, (n_kv, B), (128,), (ws_o.data_ptr(), ws_ml.data_ptr(), out.data_ptr(), _i32(n_kv),
+                                               _i32(S)), shared_mem=2 * S * G * 4)
     return out
 
 
@@ -621,8 +639,11 @@ def warmup(device: torch.device) -> None:
         _jit.function("dequant.cu", inst, _DEQUANT_INSTANCES)
     for d in (64, 128):
         for g in (1, 2, 4, 8):
-            _jit.set_dynamic_smem(_jit.function("decode_attention.cu", f"decode_attention_{d}_{g}"),
-                                  attention_smem_bytes(d))
+            for kind in ("", "fused_"):
+                _jit.set_dynamic_smem(_jit.function("decode_attention.cu", f"decode_attention_{kind}{d}_{g}"),
+                                      attention_smem_bytes(d))
+            _jit.set_dynamic_smem(_jit.function("decode_attention.cu", f"decode_attention_merge_{d}_{g}"),
+                                  2 * _ATT_MAX_SPLITS * g * 4)
     _jit.function("token_window.cu", "token_window_shift")
     from rtts.kernels import draw, norm_rope
 
