@@ -26,9 +26,11 @@
 
 #define H_ROWS 64            // weight rows per iteration (half a packed block)
 #define H_BYTES 8192         // their bytes
-#define H_BAR_READY 1        // producer warp -> consumers: stage barriers initialized (consumers + 32 threads)
-#define H_BAR_PUBLISH 2      // consumers -> publisher warp: the first tile's share is parked (consumers + 32)
-#define H_BAR_CONSUMERS 3    // the consumer warpgroups
+#define H_CONSUMERS 128      // one warpgroup
+#define H_THREADS (H_CONSUMERS + 64)
+#define H_BAR_READY 1        // producer warp -> consumers: stage barriers initialized (H_CONSUMERS + 32 threads)
+#define H_BAR_PUBLISH 2      // consumers -> publisher warp: the first tile's share is parked (H_CONSUMERS + 32)
+#define H_BAR_CONSUMERS 3    // the consumer warpgroup
 
 // u / KB and u % KB in 32-bit arithmetic whenever u fits (always, for decode shapes): 64-bit division is emulated.
 __device__ __forceinline__ void split_unit(i64 u, int KB, int& tile, int& kb) {
@@ -48,20 +50,14 @@ __device__ __forceinline__ const fp8_t* half_block(const fp8_t* wp, int h, int k
 
 // xmap: tensor map over x fp8 [M, K] (box 128 x NT rows, 128-byte swizzle, kernels.launch_wgmma). Two rings:
 // `stages` weight stages (8 KB each) and `tstages` token stages (NT x 128 tokens and their NT scales).
-// WGS consumer warpgroups split the NT tokens (NT / WGS each, the same 64 weight rows): each runs the same
-// MMA-then-promote loop on a narrower tile, so an iteration's serial chain is shorter (the one-warpgroup loop, not
-// the stream, bounds a lone CTA: kernels.wgmma64_plan). Same bits either way (same accumulator split, same order).
-template <int NT, int WGS>
-__global__ void __launch_bounds__(128 * WGS + 64, 2)
+template <int NT>
+__global__ void __launch_bounds__(H_THREADS, 2)
     fp8_gemm_wgmma64(const __grid_constant__ TensorMap xmap, const float* __restrict__ sx,
                      const fp8_t* __restrict__ wp, const float* __restrict__ sw, bf16_t* __restrict__ y,
                      float* __restrict__ ws, int* __restrict__ counters, int M, int N, int K, int Mp, int stages,
                      int tstages, int slots) {
     constexpr int B_BYTES = NT * 128;          // one K block of tokens: a multiple of 1 KB (swizzle atoms stay aligned)
-    constexpr int CONS = 128 * WGS;            // consumer threads
-    constexpr int NTW = NT / WGS;              // tokens per consumer warpgroup (its rows of a token stage start at a
-                                               // multiple of 1 KB: the swizzle pattern is the same)
-    constexpr int R = NTW / 2;                 // accumulator registers per thread
+    constexpr int R = NT / 2;                  // accumulator registers per thread
     // Tensor-core accumulators per K block, summed in FP32 (see fp8_gemm_wgmma.cu). Two at 32 tokens, not the four of
     // the 128-row kernel: measured (bench/probes/gemm64_bounds.py), each accumulator more is registers and FP32 adds
     // on the loop's critical path (wqkv at 32 tokens: 4 -> 2 accumulators 8.1 -> 7.6 us, wo 7.0 -> 6.8) and two
@@ -94,29 +90,29 @@ __global__ void __launch_bounds__(128 * WGS + 64, 2)
     pdl_launch_dependents();
     // A first tile shared with earlier CTAs and finished before this CTA's range ends is published mid-range.
     const bool mid_publish = kb0 != 0 && it0 + iters > (i64)(first_tile + 1) * KB;
-    if (tid >= CONS + 32) {  // ---- publisher warp
+    if (tid >= H_CONSUMERS + 32) {  // ---- publisher warp
         if (mid_publish) {
-            named_barrier(H_BAR_PUBLISH, CONS + 32);  // the consumers' stores are ordered before this
-            if (tid == CONS + 32) red_add_release(&counters[first_tile], 1);
+            named_barrier(H_BAR_PUBLISH, H_CONSUMERS + 32);  // the consumers' stores are ordered before this
+            if (tid == H_CONSUMERS + 32) red_add_release(&counters[first_tile], 1);
         }
         return;
     }
-    if (tid >= CONS) {  // ---- producer warp: one thread streams weights, tokens and token scales
-        if (tid == CONS) {
+    if (tid >= H_CONSUMERS) {  // ---- producer warp: one thread streams weights, tokens and token scales
+        if (tid == H_CONSUMERS) {
             for (int s = 0; s < stages; ++s) {
                 mbar_init(full_w + 8 * s, 1);                  // the producer's arrive (plus the copy's bytes)
-                mbar_init(empty_w + 8 * s, CONS / 32);  // one arrive per consumer warp
+                mbar_init(empty_w + 8 * s, H_CONSUMERS / 32);  // one arrive per consumer warp
             }
             for (int s = 0; s < tstages; ++s) {
                 mbar_init(full_t + 8 * s, 1);
-                mbar_init(empty_t + 8 * s, CONS / 32);
+                mbar_init(empty_t + 8 * s, H_CONSUMERS / 32);
             }
             mbar_init(settle_bar, 1);  // (a settling CTA) the share copies
             fence_proxy_async();  // the inits are visible to the TMA engine (async proxy)
         }
         __syncwarp();
-        named_barrier_arrive(H_BAR_READY, CONS + 32);
-        if (tid == CONS) {
+        named_barrier_arrive(H_BAR_READY, H_CONSUMERS + 32);
+        if (tid == H_CONSUMERS) {
             const unsigned t_bytes = B_BYTES + 4u * Mp;
             // Iteration u's weights go to stage u % stages, its tokens to u % tstages. The weights the ring holds
             // are constants: copied before the wait. Then, each time the consumers are done with iteration i, the
@@ -159,7 +155,7 @@ __global__ void __launch_bounds__(128 * WGS + 64, 2)
     }
 
     // ---- consumers. Weight scales (constants) are copied before the wait: iteration (h, kb) uses sw[h / 2][kb].
-    for (int i = tid; i < iters; i += CONS) {
+    for (int i = tid; i < iters; i += H_CONSUMERS) {
         int h, kb;
         split_unit(it0 + i, KB, h, kb);
         cp_async4(smem_u32(s_w + i), sw + (i64)(h >> 1) * KB + kb, true);
@@ -167,8 +163,7 @@ __global__ void __launch_bounds__(128 * WGS + 64, 2)
     cp_async_commit();
     pdl_wait();  // every global write below comes after the kernel ahead (it may still read y or the scratch)
     cp_async_wait<0>();
-    named_barrier(H_BAR_READY, CONS + 32);  // stage barriers initialized, every weight scale landed
-    const int wg = tid >> 7;  // this thread's warpgroup: tokens wg * NTW .. + NTW of every token stage
+    named_barrier(H_BAR_READY, H_CONSUMERS + 32);  // stage barriers initialized, every weight scale landed
 
     float total[R], acc[ACCS][R];
 #pragma unroll
@@ -184,8 +179,8 @@ __global__ void __launch_bounds__(128 * WGS + 64, 2)
     for (int j = 0, s = 0, phase = 0, t = 0, tphase = 0; j < iters; ++j) {
         mbar_wait(full_t + 8 * t, tphase);
         mbar_wait(full_w + 8 * s, phase);
-        mma_block<NTW, ACCS>(acc, wring + s * H_BYTES, tring + t * B_BYTES + wg * (NTW * 128));
-        promote<NTW, ACCS>(total, acc, s_w[j], s_x + t * NT + wg * NTW, lane);
+        mma_block<NT, ACCS>(acc, wring + s * H_BYTES, tring + t * B_BYTES);
+        promote<NT, ACCS>(total, acc, s_w[j], s_x + t * NT, lane);
         __syncwarp();  // every lane has read the token scales
         if (lane == 0) {  // this warp is done with both stages
             mbar_arrive(empty_w + 8 * s);
@@ -194,12 +189,13 @@ __global__ void __launch_bounds__(128 * WGS + 64, 2)
 
         if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`
             if (whole && kb == KB - 1) {
-                store_tile<NTW>(total, y + (i64)wg * NTW * N, tile * H_ROWS, M - wg * NTW, N);
+                store_tile<NT>(total, y, tile * H_ROWS, M, N);
             } else if (whole) {
                 settle = tile;  // its first K block is this CTA's: it sums the tile after the loop
             } else {
                 // Another CTA settles this tile: park the share (this is its first tile), then count it in.
-                park_share<NTW, CONS>(total, ws, counters, c, tile, j + 1 < iters, H_BAR_PUBLISH, H_BAR_CONSUMERS);
+                park_share<NT, H_CONSUMERS>(total, ws, counters, c, tile, j + 1 < iters, H_BAR_PUBLISH,
+                                            H_BAR_CONSUMERS);
             }
             if (j + 1 < iters) {
 #pragma unroll
@@ -223,7 +219,7 @@ __global__ void __launch_bounds__(128 * WGS + 64, 2)
         for (int b0 = 0, ph = 0; b0 < want; b0 += slots, ph ^= 1) {
             const int nb = min(slots, want - b0);
             // Every consumer warp is past its last MMA on the ring (first batch) or done reading the last batch.
-            named_barrier(H_BAR_CONSUMERS, CONS);
+            named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);
             if (tid == 0) {
                 fence_proxy_async_global();  // the shares acquired above, before the copy engine reads them
                 mbar_arrive_expect_tx(settle_bar, (unsigned)(nb * SHARE_BYTES));
@@ -235,10 +231,10 @@ __global__ void __launch_bounds__(128 * WGS + 64, 2)
             const float* buf = reinterpret_cast<const float*>(smem);
             for (int k = 0; k < nb; ++k) {
 #pragma unroll
-                for (int r = 0; r < R; ++r) total[r] += buf[k * (H_ROWS * NT) + r * CONS + tid];
+                for (int r = 0; r < R; ++r) total[r] += buf[k * (H_ROWS * NT) + r * H_CONSUMERS + tid];
             }
         }
-        store_tile<NTW>(total, y + (i64)wg * NTW * N, settle * H_ROWS, M - wg * NTW, N);
+        store_tile<NT>(total, y, settle * H_ROWS, M, N);
         if (tid == 0) counters[settle] = 0;  // ready for the next launch (graph replays included)
     }
 }

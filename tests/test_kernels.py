@@ -378,32 +378,6 @@ def test_fp8_gemm_every_split_is_correct_and_deterministic(cluster: int, M: int,
 
 
 @GPU
-@pytest.mark.parametrize("M,N,K", [(17, 1152, 640), (33, 384, 1280), (64, 2560, 4096), (100, 6144, 2560),
-                                   (128, 19456, 2560), (7, 256, 384), (50, 2560, 9728)])
-def test_fp8_gemm_64_rows_two_warpgroups_give_the_same_bits(M: int, N: int, K: int) -> None:
-    """WGS = 2 splits the token tile between two consumer warpgroups (the second may hold no real token): the same
-    accumulator split and summation order, so the same bits as one warpgroup, on every call."""
-    if not kernels._use_wgmma(torch.device("cuda")):
-        pytest.skip("no wgmma on this GPU")
-    from rtts.kernels import _jit
-
-    if not _jit.tensor_maps_available():
-        pytest.skip("the 64-row kernel needs the driver's tensor maps")
-    plan = kernels.wgmma64_plan(M, N, K, kernels._sm_count(0))
-    if not kernels.scratch_fits(plan, N, kernels._sm_count(0)):
-        pytest.skip("this plan's shares do not fit the stream-K scratch")
-    x, w = _x(M, K, seed=M + 70, device="cuda"), _x(N, K, scale=0.05, seed=N + 71, device="cuda")
-    wq, sw = ref.quantize_weight(w)
-    xq, sx = ref.quantize_1x128(x)
-    wp = kernels.pack_weight(wq)
-    one = kernels.launch_wgmma(plan._replace(wgs=1), xq, sx, wp, sw)
-    r = ref.fp8_gemm(xq, sx, wq, sw).float()
-    assert (one.float() - r).abs().max() / r.abs().max() < 1e-2
-    for _ in range(2):
-        assert torch.equal(kernels.launch_wgmma(plan._replace(wgs=2), xq, sx, wp, sw), one)
-
-
-@GPU
 @pytest.mark.parametrize("rows", [64, 128])
 @pytest.mark.parametrize("M,N,K", [(17, 1152, 640), (33, 384, 1280), (64, 2560, 4096), (100, 6144, 2560),
                                    (128, 19456, 2560), (40, 128, 16384), (128, 128, 128), (7, 256, 384)])

@@ -24,7 +24,7 @@ from rtts.kernels.gemm_plan import (  # noqa: F401  (re-exported: tests, benchma
     _GEMM_INSTANCES,
     _H_INSTANCES,
     _H_ROWS,
-    _H_WGS,
+    _H_THREADS,
     _LEAN_NT,
     _MAX_CLUSTER,
     _MAX_GRID_PER_SM,
@@ -38,7 +38,6 @@ from rtts.kernels.gemm_plan import (  # noqa: F401  (re-exported: tests, benchma
     WgmmaPlan,
     _wgmma_instance,
     gemm_plan,
-    h_threads,
     wgmma64_plan,
     wgmma64_smem_bytes,
     wgmma_plan,
@@ -385,10 +384,10 @@ def launch_wgmma(plan: WgmmaPlan, xq: torch.Tensor, sx: torch.Tensor, wp: torch.
     if plan.rows == _H_ROWS:
         # Tokens and their scales are bulk-copied: both must start 16-byte aligned (fresh torch tensors do).
         _check(xq.data_ptr() % 16 == 0 and sx.data_ptr() % 16 == 0, "fp8_gemm: x and sx must be 16-byte aligned")
-        fn = _jit.function("fp8_gemm_wgmma64.cu", f"fp8_gemm_wgmma64<{plan.nt},{plan.wgs}>", _H_INSTANCES)
+        fn = _jit.function("fp8_gemm_wgmma64.cu", f"fp8_gemm_wgmma64<{plan.nt}>", _H_INSTANCES)
         _jit.set_dynamic_smem(fn, plan.smem)
         xmap = _jit.tensor_map_2d(xq.data_ptr(), M, K, plan.nt, 128)
-        _jit.launch(fn, (plan.grid,), (h_threads(plan.wgs),), (xmap, sx.data_ptr(), *tail, _i32(plan.tstages),
+        _jit.launch(fn, (plan.grid,), (_H_THREADS,), (xmap, sx.data_ptr(), *tail, _i32(plan.tstages),
                                                        _i32(max(1, plan.slots))), shared_mem=plan.smem, pdl=True)
         return y
     fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(plan.nt, plan.cluster > 1), _WGMMA_INSTANCES)

@@ -45,14 +45,7 @@ _MAX_GRID_PER_SM = 4  # stream-K scratch is sized for this many CTAs per SM
 _H_NT = (32, 64, 128)
 _H_ROWS = 64
 _H_BYTES = _H_ROWS * 128
-_H_WGS = (1, 2)  # consumer warpgroups per CTA (they split the token tile)
-
-
-def h_threads(wgs: int) -> int:
-    """Threads of a 64-row CTA: `wgs` consumer warpgroups, a producer warp and a publisher warp."""
-    return 128 * wgs + 64
-
-
+_H_THREADS = 128 + 64
 # Weight stages (8 KB each). Measured on the H200 (bench/probes/gemm64_grid.py, session 5): deeper rings, which let
 # the next GEMM prefetch more of its stream while this one runs, were no faster (wo 64 tokens: 3/4/6/9 stages
 # 8.5/8.4/8.6/9.0 us); with two CTAs per SM 3-4 were best too.
@@ -66,7 +59,7 @@ _H_TOKEN_STAGES = 4  # token stages (3 at 128 tokens, 16 KB each): tokens come f
 # to bound its stream (more stages did not help; a second CTA of the same GEMM did).
 _H_LONG_ITERS = 20
 _H_MID_ITERS = 12
-_H_INSTANCES = tuple(f"fp8_gemm_wgmma64<{nt},{w}>" for nt in _H_NT for w in _H_WGS)
+_H_INSTANCES = tuple(f"fp8_gemm_wgmma64<{nt}>" for nt in _H_NT)
 
 
 class WgmmaPlan(NamedTuple):
@@ -82,7 +75,6 @@ class WgmmaPlan(NamedTuple):
     rows: int = _TILE_ROWS  # weight rows per tile: 128 (fp8_gemm_wgmma) or 64 (fp8_gemm_wgmma64, global stream-K)
     tstages: int = 0  # 64 rows: token stages (`stages` counts its 8 KB weight stages)
     slots: int = 0  # 64 rows: shares a settling CTA copies into shared memory at once
-    wgs: int = 1  # 64 rows: consumer warpgroups splitting the token tile
 
 
 def _wgmma_instance(nt: int, cluster: bool) -> str:
