@@ -56,9 +56,22 @@ _H_TOKEN_STAGES = 4  # token stages (3 at 128 tokens, 16 KB each): tokens come f
 # Measured on the H200 (bench/probes/gemm64_grid.py, session 5): gate|up at 64 tokens (47 iterations at one per SM)
 # 21.3 -> 17.6 us at two per SM, w2 (23) 13.0 -> 12.5; wqkv (15) 9.8 -> 9.4 at 1.5 (32 tokens 8.7 -> 7.9), 9.8 at
 # two; wo (10) 8.4 at one, 8.9 at 1.5, 9.8 at two. A lone CTA's single consumer warpgroup, not its ring depth, seems
-# to bound its stream (more stages did not help; a second CTA of the same GEMM did).
+# to bound its stream (more stages did not help; a second CTA of the same GEMM did). The token tile shifts this
+# (bench/probes/gemm64_wgs.py at 8af51e9, session 9, one warpgroup): at 32 tokens 1.5 per SM was best on every S2-Pro
+# linear (wo 6.68 -> 6.44 us, w2 10.92 -> 10.16, gate|up 18.05 -> 17.21, wqkv 7.49 already), at 128 tokens the
+# mid-length wqkv wants one (13.43 -> 12.53 us).
 _H_LONG_ITERS = 20
 _H_MID_ITERS = 12
+
+
+def h_ctas_per_sm(nt: int, T: int, sms: int) -> float:
+    """CTAs per SM of the 64-row kernel for a token tile of `nt` over T iterations (see _H_LONG_ITERS)."""
+    if nt <= 32:
+        return 1.5
+    per_sm = 2.0 if T >= _H_LONG_ITERS * sms else 1.5 if T >= _H_MID_ITERS * sms else 1.0
+    return 1.0 if nt >= 128 and per_sm == 1.5 else per_sm
+
+
 _H_INSTANCES = tuple(f"fp8_gemm_wgmma64<{nt}>" for nt in _H_NT)
 
 
@@ -174,18 +187,18 @@ def wgmma64_smem_bytes(nt: int, stages: int, tstages: int, iters: int, slots: in
 
 @functools.cache
 def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, grid: int | None = None) -> WgmmaPlan:
-    """The 64-row kernel's plan for 17-128 tokens: the smallest token tile of _H_NT holding M; global stream-K of
-    the T = N/64 * K/128 half-block iterations over min(T, sms) CTAs, so a second CTA (the next GEMM's, under PDL)
-    is resident beside each, or 1.5 / 2 per SM for layers of _H_MID_ITERS / _H_LONG_ITERS or more iterations per
-    SM; _H_TOKEN_STAGES token stages (3 at 128 tokens) and up to _H_MAX_STAGES weight stages, within half an SM's
-    shared memory; `stages` lowers the weight stages; `grid` replaces the planner's CTA count (probes). Raises
-    ValueError where not even one weight stage fits (huge layers on few SMs): the caller plans the 128-row kernel."""
+    """The 64-row kernel's plan for 17-128 tokens: the smallest token tile of _H_NT holding M; global stream-K of the T
+    = N/64 * K/128 half-block iterations over min(T, sms) CTAs, so a second CTA (the next GEMM's, under PDL) is resident
+    beside each, or 1.5 / 2 per SM for layers of _H_MID_ITERS / _H_LONG_ITERS or more iterations per SM, 1.5 at 32
+    tokens and no 1.5 at 128 (h_ctas_per_sm); _H_TOKEN_STAGES token stages (3 at 128 tokens) and up to _H_MAX_STAGES
+    weight stages, within half an SM's shared memory; `stages` lowers the weight stages; `grid` replaces the planner's
+    CTA count (probes). Raises ValueError where not even one weight stage fits (huge layers on few SMs): the caller
+    plans the 128-row kernel."""
     if M > _H_NT[-1] or N % _H_ROWS or K % 128:
         raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K}")
     nt = next(n for n in _H_NT if n >= M)
     T = N // _H_ROWS * (K // 128)
-    per_sm = 2.0 if T >= _H_LONG_ITERS * sms else 1.5 if T >= _H_MID_ITERS * sms else 1.0
-    grid = min(T, int(per_sm * sms) if grid is None else grid)
+    grid = min(T, int(h_ctas_per_sm(nt, T, sms) * sms) if grid is None else grid)
     iters = -(-T // grid)
     ts = _H_TOKEN_STAGES if nt <= 64 else _H_TOKEN_STAGES - 1
     room = _SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, 0, ts, iters)
