@@ -189,15 +189,15 @@ def unit_owner(u: int, T: int, C: int) -> int:
 
 def test_wgmma64_plan_fits_two_ctas_per_sm() -> None:
     """The 64-row kernel's plans: a token tile holding M, global stream-K over 1, 1.5 or 2 CTAs per SM by layer length
-    and token tile (1.5 at 32 tokens; at 128, 1 where 64 tokens take 1.5), and shared memory that leaves room for a
-    second CTA (the next GEMM's, or the layer's own) on every SM."""
+    and token tile (1.5 at 32 tokens where 64 take 1; at 128, 1 where 64 take 1.5), and shared memory that leaves room
+    for a second CTA (the next GEMM's, or the layer's own) on every SM."""
     for M in (17, 32, 33, 64, 65, 100, 128):
         for N, K in ((2560, 9728), (19456, 2560), (6144, 2560), (2560, 4096), (128, 128), (384, 1280)):
             p = kernels.wgmma64_plan(M, N, K, sms=132)
             T = N // 64 * (K // 128)
             assert p.rows == 64 and p.cluster == 1 and p.nt in (32, 64, 128) and p.nt >= M > p.nt // 2
             per_sm = 2 if T >= 20 * 132 else 1.5 if T >= 12 * 132 else 1
-            per_sm = 1.5 if p.nt == 32 else 1 if p.nt == 128 and per_sm == 1.5 else per_sm
+            per_sm = 1.5 if p.nt == 32 and per_sm == 1 else 1 if p.nt == 128 and per_sm == 1.5 else per_sm
             assert p.grid == min(T, int(per_sm * 132))
             assert p.iters == math.ceil(T / p.grid)
             assert p.stages == 4 and p.tstages in (3, 4)

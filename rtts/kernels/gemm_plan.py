@@ -57,18 +57,20 @@ _H_TOKEN_STAGES = 4  # token stages (3 at 128 tokens, 16 KB each): tokens come f
 # 21.3 -> 17.6 us at two per SM, w2 (23) 13.0 -> 12.5; wqkv (15) 9.8 -> 9.4 at 1.5 (32 tokens 8.7 -> 7.9), 9.8 at
 # two; wo (10) 8.4 at one, 8.9 at 1.5, 9.8 at two. A lone CTA's single consumer warpgroup, not its ring depth, seems
 # to bound its stream (more stages did not help; a second CTA of the same GEMM did). The token tile shifts this
-# (bench/probes/gemm64_wgs.py at 8af51e9, session 9, one warpgroup): at 32 tokens 1.5 per SM was best on every S2-Pro
-# linear (wo 6.68 -> 6.44 us, w2 10.92 -> 10.16, gate|up 18.05 -> 17.21, wqkv 7.49 already), at 128 tokens the
-# mid-length wqkv wants one (13.43 -> 12.53 us).
+# (bench/probes/gemm64_wgs.py at 8af51e9, session 9, one warpgroup): alone, at 32 tokens 1.5 per SM was best on every
+# S2-Pro linear (wo 6.68 -> 6.44 us, w2 10.92 -> 10.16, gate|up 18.05 -> 17.21, wqkv 7.49 already), and at 128
+# tokens the mid-length wqkv wants one (13.43 -> 12.53 us). But in the MLP chain (gate|up -> SwiGLU-quantize -> w2)
+# 1.5 for the long layers at 32 tokens made the block slower (31.9 -> 37.4 us, kernel bench at 29b7378), so only
+# short layers move up to 1.5 at 32 tokens.
 _H_LONG_ITERS = 20
 _H_MID_ITERS = 12
 
 
 def h_ctas_per_sm(nt: int, T: int, sms: int) -> float:
     """CTAs per SM of the 64-row kernel for a token tile of `nt` over T iterations (see _H_LONG_ITERS)."""
-    if nt <= 32:
-        return 1.5
     per_sm = 2.0 if T >= _H_LONG_ITERS * sms else 1.5 if T >= _H_MID_ITERS * sms else 1.0
+    if nt <= 32 and per_sm == 1.0:
+        return 1.5
     return 1.0 if nt >= 128 and per_sm == 1.5 else per_sm
 
 
@@ -189,7 +191,7 @@ def wgmma64_smem_bytes(nt: int, stages: int, tstages: int, iters: int, slots: in
 def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, grid: int | None = None) -> WgmmaPlan:
     """The 64-row kernel's plan for 17-128 tokens: the smallest token tile of _H_NT holding M; global stream-K of the T
     = N/64 * K/128 half-block iterations over min(T, sms) CTAs, so a second CTA (the next GEMM's, under PDL) is resident
-    beside each, or 1.5 / 2 per SM for layers of _H_MID_ITERS / _H_LONG_ITERS or more iterations per SM, 1.5 at 32
+    beside each, or 1.5 / 2 per SM for layers of _H_MID_ITERS / _H_LONG_ITERS or more iterations per SM, no 1 at 32
     tokens and no 1.5 at 128 (h_ctas_per_sm); _H_TOKEN_STAGES token stages (3 at 128 tokens) and up to _H_MAX_STAGES
     weight stages, within half an SM's shared memory; `stages` lowers the weight stages; `grid` replaces the planner's
     CTA count (probes). Raises ValueError where not even one weight stage fits (huge layers on few SMs): the caller
