@@ -565,3 +565,40 @@ def test_graph_families_get_their_own_gemm_scratch() -> None:
     assert inside != default and inside[3] == "frame-zero"
     assert other == [default]
     assert kernels._graph_scratch_key(0) == default
+
+
+def test_launch_arguments_are_packed_as_the_kernel_reads_them() -> None:
+    """The driver reads each kernel argument through its kernelParams pointer: 8-byte pointers, 4-byte numpy scalars
+    and a TensorMap's 128 bytes (64-byte aligned), one per-thread block per signature, reused by later launches."""
+    import ctypes
+    import struct
+
+    import numpy as np
+
+    from rtts.kernels import _jit
+
+    sig = (int, np.int32, np.float32, _jit.TensorMap, int)
+    blk = _jit._arg_block(sig)
+    assert _jit._arg_block(sig) is blk
+    tm = _jit.aligned_tensor_map()
+    tm.opaque[0], tm.opaque[15] = 0x1122334455667788, 7
+    args = (0xDEADBEEF, np.int32(-3), np.float32(1.5), bytes(tm), 42)
+    blk.packer.pack_into(blk.buf, blk.offset, *args)
+    at = [blk.params[i] for i in range(len(sig))]
+    assert [a % 64 for a in at][::3] == [0, 0]  # the block and the map start 64-byte aligned
+    assert struct.unpack("<Q", ctypes.string_at(at[0], 8))[0] == 0xDEADBEEF
+    assert struct.unpack("<i", ctypes.string_at(at[1], 4))[0] == -3
+    assert struct.unpack("<f", ctypes.string_at(at[2], 4))[0] == 1.5
+    assert ctypes.string_at(at[3], 128) == bytes(tm)
+    assert struct.unpack("<Q", ctypes.string_at(at[4], 8))[0] == 42
+    assert blk.maps == (3,)
+    with pytest.raises(TypeError):
+        _jit._arg_block((int, np.int64))
+    # Each thread packs into its own block: the prefill and decode threads launch concurrently.
+    import threading
+
+    other: list[object] = []
+    t = threading.Thread(target=lambda: other.append(_jit._arg_block(sig)))
+    t.start()
+    t.join()
+    assert other[0] is not blk

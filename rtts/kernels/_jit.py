@@ -12,17 +12,23 @@
   of each is on the turn's first-audio path).
 - `tensor_map_2d(...)` encodes a TMA tensor map (the driver's cuTensorMapEncodeTiled, ctypes) that a kernel takes by
   value as a `__grid_constant__ TensorMap` parameter; launches carrying one go through cuLaunchKernelEx.
-- `launch(..., pdl=True)` launches through the driver's cuLaunchKernelEx (ctypes; CuPy has no such call) with
-  programmatic stream serialization, so the kernel may start while the previous one on the stream finishes; the
-  kernel itself must `griddepcontrol.wait` before touching anything that kernel wrote (CUDA graphs keep the edge).
+- `launch` goes straight to the driver's cuLaunchKernelEx (ctypes; CuPy's kernel call only where the driver lacks
+  it): arguments are packed into a per-thread buffer laid out once per argument signature, the launch config is
+  cached per shape, so a launch builds no Python or ctypes objects (eager prefill launches hundreds). With
+  `pdl=True` it sets programmatic stream serialization, so the kernel may start while the previous one on the stream
+  finishes; the kernel itself must `griddepcontrol.wait` before touching anything that kernel wrote (CUDA graphs keep
+  the edge).
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import hashlib
 import re
+import struct
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -162,9 +168,11 @@ def launch(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[A
     where the driver has it (module docstring). `cluster` > 1: thread-block clusters of that many CTAs along x (the
     grid must be a multiple of it).
     """
-    if cluster > 1 or (pdl and pdl_available()) or any(isinstance(a, TensorMap) for a in args):
+    if _launch_kernel_ex() is not None:
         _launch_ex(fn, grid, block, args, shared_mem, pdl and pdl_available(), cluster)
         return
+    if cluster > 1 or any(isinstance(a, TensorMap) for a in args):
+        raise RuntimeError("cluster and tensor-map launches need the driver's cuLaunchKernelEx")
     with _external_stream(stream_handle()):
         fn(grid, block, args, shared_mem=shared_mem)
 
@@ -237,24 +245,6 @@ def max_active_clusters(fn: Any, cluster: int, block: int, shared_mem: int) -> i
     return int(n.value) if rc == 0 else 0
 
 
-# Kernel argument -> its C value, by exact type (one dict lookup per argument): device pointers are Python ints.
-_C_ARG: dict[type, Any] = {
-    int: ctypes.c_uint64,
-    np.int32: lambda a: ctypes.c_int32(int(a)),
-    np.uint32: lambda a: ctypes.c_uint32(int(a)),
-    np.float32: lambda a: ctypes.c_float(float(a)),
-}
-
-
-def _c_arg(a: Any) -> ctypes._SimpleCData | TensorMap:
-    if isinstance(a, TensorMap):
-        return a
-    conv = _C_ARG.get(type(a))
-    if conv is None:
-        raise TypeError(f"unsupported kernel argument {a!r}")
-    return conv(a)
-
-
 class TensorMap(ctypes.Structure):  # CUtensorMap: 128 opaque bytes, which the driver wants 64-byte aligned
     _pack_ = 8
     _fields_ = [("opaque", ctypes.c_uint64 * 16)]
@@ -298,17 +288,74 @@ def pdl_available() -> bool:
     return not env.no_pdl() and _launch_kernel_ex() is not None
 
 
+# Kernel argument packing, by exact Python type: (struct code, alignment). Device pointers are Python ints (8 bytes);
+# 32-bit values must be numpy scalars; a TensorMap travels by value (128 bytes, 64-byte aligned).
+_PACK: dict[type, tuple[str, int]] = {int: ("Q", 8), np.int32: ("i", 4), np.uint32: ("I", 4), np.float32: ("f", 4)}
+
+
+@dataclasses.dataclass
+class _ArgBlock:
+    """The packed arguments of one signature on one thread: `packer` writes them into `buf` at `offset` (64-byte
+    aligned), where `params` (the driver's void** kernelParams) already points. The driver copies the values during
+    the launch call, so the next launch on this thread may overwrite them."""
+
+    packer: struct.Struct
+    buf: Any  # ctypes char array
+    offset: int
+    params: Any  # ctypes c_void_p array
+    maps: tuple[int, ...]  # argument positions holding a TensorMap (packed as its bytes)
+
+
+_TLS = threading.local()  # per thread: {signature: _ArgBlock} and {launch shape: _LaunchConfig}
+
+
+def _arg_block(sig: tuple[type, ...]) -> _ArgBlock:
+    blocks: dict[tuple[type, ...], _ArgBlock] = _TLS.__dict__.setdefault("blocks", {})
+    blk = blocks.get(sig)
+    if blk is not None:
+        return blk
+    fmt, offsets, off = ["<"], [], 0
+    for t in sig:
+        code, align = ("128s", 64) if t is TensorMap else _PACK.get(t, ("", 0))
+        if not code:
+            raise TypeError(f"unsupported kernel argument type {t.__name__}")
+        if off % align:
+            fmt.append(f"{align - off % align}x")
+            off += align - off % align
+        offsets.append(off)
+        fmt.append(code)
+        off += struct.calcsize(code)
+    packer = struct.Struct("".join(fmt))
+    buf = ctypes.create_string_buffer(packer.size + 64)
+    base = -ctypes.addressof(buf) % 64
+    params = (ctypes.c_void_p * max(1, len(sig)))(*[ctypes.addressof(buf) + base + o for o in offsets])
+    blk = _ArgBlock(packer, buf, base, params, tuple(i for i, t in enumerate(sig) if t is TensorMap))
+    blocks[sig] = blk
+    return blk
+
+
+def _launch_config(grid: tuple[int, ...], block: tuple[int, ...], shared_mem: int, pdl: bool,
+                   cluster: int) -> _LaunchConfig:
+    """This thread's launch config for a shape (the stream is set per launch)."""
+    configs: dict[tuple[Any, ...], _LaunchConfig] = _TLS.__dict__.setdefault("configs", {})
+    key = (grid, block, shared_mem, pdl, cluster)
+    cfg = configs.get(key)
+    if cfg is None:
+        attr_ptr, _, n_attrs = _attribute_array(pdl, cluster)
+        g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
+        cfg = _LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), shared_mem, None, attr_ptr, n_attrs)
+        configs[key] = cfg
+    return cfg
+
+
 def _launch_ex(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], shared_mem: int,
                pdl: bool, cluster: int) -> None:
-    launch_ex = _launch_kernel_ex()
-    if launch_ex is None:
-        raise RuntimeError("cluster launches need the driver's cuLaunchKernelEx")
-    vals = [_c_arg(a) for a in args]
-    params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
-    attr_ptr, _, n_attrs = _attribute_array(pdl, cluster)
-    g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
-    cfg = _LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), shared_mem, stream_handle(), attr_ptr,
-                        n_attrs)
-    rc = launch_ex(ctypes.byref(cfg), fn.kernel.ptr, params, None)
+    blk = _arg_block(tuple(map(type, args)))
+    if blk.maps:
+        args = tuple(bytes(a) if i in blk.maps else a for i, a in enumerate(args))
+    blk.packer.pack_into(blk.buf, blk.offset, *args)
+    cfg = _launch_config(grid, block, shared_mem, pdl, cluster)
+    cfg.stream = stream_handle()
+    rc = _launch_kernel_ex()(ctypes.byref(cfg), fn.kernel.ptr, blk.params, None)
     if rc != 0:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {rc}")
