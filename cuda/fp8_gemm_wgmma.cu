@@ -273,16 +273,9 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
                 // it in (a release add, fire and forget).
                 park_share<NT, CONSUMERS>(total, ws, counters, c, tile, j + 1 < iters, BAR_PUBLISH, BAR_CONSUMERS);
             }
-            if (j + 1 < iters) {
-#pragma unroll
-                for (int r = 0; r < R; ++r) total[r] = 0.f;
-            }
-            whole = true;
+            next_segment(total, whole, j + 1 < iters);
         }
-        if (++kb == KB) {
-            kb = 0;
-            ++tile;
-        }
+        next_block(tile, kb, KB);
         if (++slot == KB) slot = 0;
         ring_next(s, phase, stages);
     }

@@ -197,16 +197,9 @@ __global__ void __launch_bounds__(H_THREADS, 2)
                 park_share<NT, H_CONSUMERS>(total, ws, counters, c, tile, j + 1 < iters, H_BAR_PUBLISH,
                                             H_BAR_CONSUMERS);
             }
-            if (j + 1 < iters) {
-#pragma unroll
-                for (int r = 0; r < R; ++r) total[r] = 0.f;
-            }
-            whole = true;
+            next_segment(total, whole, j + 1 < iters);
         }
-        if (++kb == KB) {
-            kb = 0;
-            ++tile;
-        }
+        next_block(tile, kb, KB);
         ring_next(s, phase, stages);
         ring_next(t, tphase, tstages);
     }

@@ -65,6 +65,25 @@ __device__ __forceinline__ void park_share(const float (&total)[NT / 2], float* 
     }
 }
 
+// The consumer loop's walk over its range: after iteration j (K block kb of `tile`), a finished segment starts the next
+// one at a tile's first K block (only a CTA's first segment can start inside a tile) from a zero total, unless the
+// range is over; then the next iteration's (tile, K block).
+template <int R>
+__device__ __forceinline__ void next_segment(float (&total)[R], bool& whole, bool more) {
+    if (more) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) total[r] = 0.f;
+    }
+    whole = true;
+}
+
+__device__ __forceinline__ void next_block(int& tile, int& kb, int KB) {
+    if (++kb == KB) {
+        kb = 0;
+        ++tile;
+    }
+}
+
 // 64-bit division is a long emulated sequence on the GPU (measured: the ~18 of them a settling CTA used to do cost
 // microseconds on its critical path), so both use 32-bit math whenever the products fit, as for every decode shape.
 __device__ __forceinline__ i64 unit_begin(int c, i64 T, int C) {
