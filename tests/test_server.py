@@ -646,3 +646,29 @@ def test_graceful_shutdown(golden: Path, tmp_path: Path) -> None:
     finally:
         if not stopped:
             s.stop()
+
+
+def test_runtime_freezes_startup_objects_for_the_garbage_collector(golden: Path, tmp_path: Path) -> None:
+    """With freeze_gc (what `rtts serve` sets), everything alive after start-up leaves the cyclic collector's view,
+    so a full collection while serving no longer walks the model, modules and graphs with every thread stopped."""
+    import gc
+
+    from rtts.ws.runtime import Runtime
+
+    rt = Runtime(tiny_config(golden, tmp_path, warmup=False, freeze_gc=True))
+    try:
+        rt.start()
+        assert gc.get_freeze_count() > 10_000  # modules, torch, the model: far more than a handful of objects
+        assert rt.ready
+    finally:
+        rt.stop()
+        gc.unfreeze()  # give the test process its collector back
+
+
+def test_rtts_serve_freezes_the_garbage_collector(golden: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import rtts.ws.server
+
+    seen: list[ServerConfig] = []
+    monkeypatch.setattr(rtts.ws.server, "serve", lambda config, rt=None: seen.append(config))
+    rtts_main(["serve", "--checkpoint", str(golden / "tiny-s2"), "--port", "0"])
+    assert len(seen) == 1 and seen[0].freeze_gc

@@ -11,6 +11,7 @@ measurement window, so the decode batch stays at `c`. Numbers:
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 from collections import Counter
@@ -26,6 +27,7 @@ from rtts.model.prompt import Reference
 from rtts.model.random_checkpoint import random_model
 from rtts.pingpong import AudioChunk, Scheduler, SchedulerConfig, TurnEnd
 from rtts.pingpong.slots import NoSlotError
+from rtts.startup import freeze_startup_objects
 from rtts.types import FinishReason, SamplingParams
 
 TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs back home through the quiet evening streets "
@@ -214,11 +216,13 @@ def main(argv: list[str] | None = None) -> None:
     for name, codec, cs in plans:
         sch = Scheduler(engine, codec, SchedulerConfig(cuda_graphs=not args.no_graphs)).start()  # type: ignore[arg-type]
         capture[name] = sch.runner.capture_seconds
+        freeze_startup_objects()  # as `rtts serve` does: no full garbage collection walks the model mid-measurement
         for c in cs:
             pt = measure(sch, c, name, args.warmup, args.seconds, args.ref_frames, args.max_frames)
             print(pt, flush=True)
             points.append(pt)
         sch.stop()
+        gc.unfreeze()
     base = next((pt.decode_frames_per_s for pt in points if pt.concurrency == 1 and pt.codec == "none"), None)
     rows = ["| codec | c | decode frames/s | delivered frames/s | per-stream frames/s (mean / min) | RTF/stream "
             "| steps/s | GPU step ms | GPU gap ms | GPU idle | vs c=1 | turn ends (frames/turn) "

@@ -16,6 +16,7 @@ from rtts.model.codec import Codec, load_codec
 from rtts.model.loading import LoadedModel, load_model
 from rtts.model.random_checkpoint import ensure_default_checkpoint
 from rtts.pingpong import Scheduler, SchedulerConfig
+from rtts.startup import freeze_startup_objects
 from rtts.types import SamplingParams
 from rtts.voices import VoiceError, VoiceStore
 from rtts.ws.metrics import Metrics
@@ -39,6 +40,9 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     cuda_graphs: bool = True
     warmup: bool = True
+    # Once started, keep everything the process holds out of the cyclic garbage collector (freeze_startup_objects).
+    # A process-wide setting: `rtts serve` turns it on; tests that build several runtimes in one process leave it off.
+    freeze_gc: bool = False
 
 
 class Runtime:
@@ -96,6 +100,8 @@ class Runtime:
             finally:
                 handle.close()
             log.info("warm-up synthesis took %.2f s", time.perf_counter() - t0)
+        if self.config.freeze_gc:
+            freeze_startup_objects()
         self.ready = True
         if self.default_model:
             log.warning("serving the embedded default model: tiny random weights, it produces NOISE, not speech. "
@@ -104,3 +110,4 @@ class Runtime:
     def stop(self) -> None:
         self.ready = False
         self.scheduler.stop()
+
