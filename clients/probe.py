@@ -8,7 +8,9 @@ chunk that arrives after the audio before it has finished playing is an underrun
 
     python clients/probe.py --url ws://127.0.0.1:8080 --concurrency 1,16,64 [--reference-id ID] [--api-key KEY]
 
-Writes latency_reports/<date>_<commit>_<name>.json (raw timestamps, config, commit) and a .md table beside it.
+Writes latency_reports/<date>_<commit>_<name>.json (raw timestamps, config, commit) and a .md table beside it. Where
+the server answers `GET /metrics` with rtts's garbage-collector histogram (`rtts_gc_pause_seconds`), the report also
+records the collections the server ran during each level (they stop every serving thread).
 Needs only `websockets` and `ormsgpack` (or `msgpack`); it imports nothing from the server.
 """
 
@@ -18,9 +20,11 @@ import argparse
 import asyncio
 import datetime
 import json
+import re
 import statistics
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +112,26 @@ async def run_level(args: argparse.Namespace, c: int, request: dict[str, Any], h
     return out
 
 
+def max_gap(r: dict[str, Any]) -> float:
+    """The longest wait between two audio messages of a session, in seconds (0 with fewer than two)."""
+    ts = [t for t, _ in r.get("chunks", [])]
+    return max((b - a for a, b in zip(ts, ts[1:])), default=0.0)
+
+
+_GC_LINE = re.compile(r'^rtts_gc_pause_seconds_(sum|count)\{generation="(\d+)"\} (\S+)$')
+
+
+def gc_snapshot(metrics_url: str) -> dict[str, float] | None:
+    """{'<generation> count' / '<generation> sum': value} from the server's /metrics, or None if it has none."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=5) as resp:
+            text = resp.read().decode()
+    except (OSError, ValueError):
+        return None
+    out = {f"{m[2]} {m[1]}": float(m[3]) for m in map(_GC_LINE.match, text.splitlines()) if m}
+    return out or None
+
+
 def commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -126,13 +150,25 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         request["reference_id"] = args.reference_id
     if args.top_k is not None:
         request["top_k"] = args.top_k
-    levels = {}
+    metrics_url = args.url.replace("ws://", "http://", 1).replace("wss://", "https://", 1).rstrip("/") + "/metrics"
+    levels, server_gc = {}, {}
     for c in [int(x) for x in args.concurrency.split(",")]:
         runs = []
+        before = gc_snapshot(metrics_url)
         for _ in range(args.rounds):
             runs += await run_level(args, c, request, headers)
+        after = gc_snapshot(metrics_url)
         levels[str(c)] = runs
-    return {"levels": levels, "request": request}
+        if before is not None and after is not None:  # collections during this level: count and seconds
+            server_gc[str(c)] = {k: after[k] - before.get(k, 0.0) for k in after}
+    return {"levels": levels, "request": request, "server_gc": server_gc}
+
+
+def full_gcs(d: dict[str, float] | None) -> str:
+    """'N (T)': full (generation 2) collections the server ran during a level and their total milliseconds."""
+    if not d:
+        return "-"
+    return f"{d.get('2 count', 0):.0f} ({1000 * d.get('2 sum', 0):.0f})"
 
 
 def main() -> None:
@@ -160,8 +196,9 @@ def main() -> None:
                                                                   for k, v in vars(args).items() if v is not None),
                  "commit": args.commit or commit(), "hardware": args.hardware,
                  "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")})
-    rows = ["| concurrency | sessions ok | TTFA p50 ms | p90 ms | p99 ms | underruns | max lateness ms | RTF mean |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| concurrency | sessions ok | TTFA p50 ms | p90 ms | p99 ms | underruns | max lateness ms "
+            "| max chunk gap ms | RTF mean | server full GCs (ms) |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for c, runs in data["levels"].items():
         ok = [r for r in runs if r.get("ok")]
         ttfa = [1000 * r["ttfa_s"] for r in ok]
@@ -169,7 +206,8 @@ def main() -> None:
         rows.append(f"| {c} | {len(ok)}/{len(runs)} | {pct(ttfa, 50):.1f} | {pct(ttfa, 90):.1f} | {pct(ttfa, 99):.1f} "
                     f"| {sum(1 for r in ok if r.get('underrun'))} | "
                     f"{1000 * max((r['max_lateness_s'] for r in ok), default=0):.1f} "
-                    f"| {statistics.mean(rtf) if rtf else float('nan'):.3f} |")
+                    f"| {1000 * max((max_gap(r) for r in ok), default=0):.1f} "
+                    f"| {statistics.mean(rtf) if rtf else float('nan'):.3f} | {full_gcs(data['server_gc'].get(c))} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{datetime.date.today().isoformat()}_{data['commit']}_{args.name}"

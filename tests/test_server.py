@@ -123,6 +123,12 @@ def test_metrics(srv: LiveServer, ws: ClientConnection) -> None:
     assert float(count.split()[-1]) >= 1
     frames = next(line for line in text.splitlines() if line.startswith("rtts_frames_generated_total"))
     assert float(frames.split()[-1]) >= 1
+    import gc
+
+    gc.collect()  # a full pass: the server times every collection of its process
+    text = httpx.get(srv.http + "/metrics").text
+    full = next(line for line in text.splitlines() if line.startswith('rtts_gc_pause_seconds_count{generation="2"}'))
+    assert float(full.split()[-1]) >= 1
 
 
 # ------------------------------------------------------------------------------------------------- formats, rates

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import gc
+import time
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -12,6 +14,7 @@ if TYPE_CHECKING:
     from rtts.ws.runtime import Runtime
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
+_GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 class Metrics:
@@ -38,6 +41,23 @@ class Metrics:
         self.decode_steps = Gauge("rtts_decode_steps", "Decode steps run since start", registry=r)
         self.decode_steps.set_function(lambda: sch.decode.stats.steps)
         self.errors = Counter("rtts_session_errors", "Sessions that ended with finish/error", registry=r)
+        # A collection holds the GIL: every serving thread and the event loop wait for it (see rtts.startup).
+        self.gc_pause = Histogram("rtts_gc_pause_seconds", "Garbage-collector passes, by generation (2: full)",
+                                  ["generation"], buckets=_GC_BUCKETS, registry=r)
+        self._gc_t0 = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        # Runs on whichever thread triggered the collection, with the GIL held: start and stop pair up.
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        else:
+            self.gc_pause.labels(str(info.get("generation", "?"))).observe(time.perf_counter() - self._gc_t0)
+
+    def close(self) -> None:
+        """Stop timing collections (the callback list is process-wide)."""
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
 
     def session(self) -> SessionMetrics:
         """The callbacks a session reports its latencies and frames through."""

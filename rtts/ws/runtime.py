@@ -110,4 +110,5 @@ class Runtime:
     def stop(self) -> None:
         self.ready = False
         self.scheduler.stop()
+        self.metrics.close()
 
