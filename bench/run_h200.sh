@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # How the GPU numbers in bench/results and latency_reports were produced (one H200, no internet).
 # Usage on the GPU machine, from the repository root:
-#   bench/run_h200.sh OUT_DIR [tests] [kernels] [layer] [sched] [fp8] [profile] [prefill] [pkernels] [ttfa]
-# (SCHED_CONC=1,16,64 picks the scheduler concurrencies, KERNEL_ARGS extra kernel-bench flags)
+#   bench/run_h200.sh OUT_DIR [tests] [kernels] [layer] [sched] [fp8] [profile] [prefill] [pkernels] [codec] [ttfa]
+# (SCHED_CONC=1,16,64 picks the scheduler concurrencies, KERNEL_ARGS extra kernel-bench flags; RTTS_CODEC_GRAPHS=1
+# serves the ttfa step's audio from codec CUDA graphs, TTFA_NAME names its report)
 # Python packages the image lacks travel as wheels in .whl/ (see the device tool's README).
 # Pass RTTS_COMMIT=<sha> from the machine that sent the tree: the copy on the GPU machine may carry a stale .git.
 set -u
@@ -24,6 +25,10 @@ for step in "$@"; do
     prefill) timeout 200 python3 bench/probes/prefill_time.py "$OUT" --profile > "$OUT/prefill-time.log" 2>&1
              grep -E "^(1 x|8 x|fresh|profile)" "$OUT/prefill-time.log" ;;
     pkernels) timeout 150 python3 -m rtts.bench kernels --sections prefill --out "$OUT" 2>&1 | grep "^|" ;;
+    codec) for g in "" --codec-graphs; do  # the real codec's first-audio cost, eager and from CUDA graphs
+             timeout 200 python3 -m rtts.bench scheduler --preset s2-pro --codec real --codec-concurrency 1,16 $g \
+               --seconds 5 --warmup 1.5 --out "$OUT/codec${g:+-graphs}" 2>&1 | grep -v "^Point" | tail -4
+           done ;;
     ttfa)
       python3 -m rtts serve --random-preset s2-pro --device cuda --max-running 16 --max-ctx 2048 --port 8090 \
         > "$OUT/serve.log" 2>&1 &
@@ -34,7 +39,7 @@ for step in "$@"; do
         sleep 1
       done
       timeout 150 python3 clients/probe.py --url ws://127.0.0.1:8090 --concurrency 1,8 --rounds 5 --settle 0.5 \
-        --name h200-s2pro-random-bf16 --hardware "1x H200, torch reference path + rtts decode-attention kernel, bf16" \
+        --name "${TTFA_NAME:-h200-s2pro-random-bf16}" --hardware "1x H200, torch reference path + rtts decode-attention kernel, bf16" \
         --commit "${RTTS_COMMIT:-unknown}" --out "$OUT" 2>&1 | tail -6
       kill -INT $pid; sleep 3; tail -3 "$OUT/serve.log" ;;
   esac

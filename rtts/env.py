@@ -9,6 +9,12 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def codec_graphs() -> bool:
+    """RTTS_CODEC_GRAPHS=1: `rtts serve` decodes audio chunks from CUDA graphs (pingpong/codec_graphs.py; off by
+    default until measured on a GPU)."""
+    return _flag("RTTS_CODEC_GRAPHS")
+
+
 def reference_kernels() -> bool:
     """RTTS_REFERENCE_KERNELS=1: run every op through its pure-torch reference (bisection, CPU)."""
     return _flag("RTTS_REFERENCE_KERNELS")

@@ -276,6 +276,40 @@ def test_stream_slots_are_independent(s2: Codec, long_codes: torch.Tensor) -> No
     assert _max_diff(out_t[1:], torch.cat(out_a, -1)) <= 1e-5
 
 
+def test_stream_padding_rows_on_a_scratch_slot_change_no_real_row(s2: Codec, long_codes: torch.Tensor) -> None:
+    """What the codec graphs rely on (pingpong/codec_graphs.py): rows padded onto one scratch slot, even several
+    at once and with any codes, leave the real rows' audio and state as an unpadded call leaves them."""
+    a, b = long_codes[..., :12], long_codes[..., 40:52]
+    plain, padded = s2.new_stream_state(5), s2.new_stream_state(5)
+    junk = torch.randint(0, 4096, (3, 10, 12), generator=torch.Generator().manual_seed(1))
+    for i in range(0, 12, 4):
+        want = s2.decode_stream(torch.cat([a, b])[..., i : i + 4], plain, torch.tensor([0, 2]))
+        got = s2.decode_stream(torch.cat([a, b, junk])[..., i : i + 4], padded, torch.tensor([0, 2, 4, 4, 4]))
+        assert _max_diff(got[:2], want) <= 1e-5
+    for x, y in zip((*padded.tails, padded.kv), (*plain.tails, plain.kv)):
+        assert _max_diff(x[:4], y[:4]) <= 1e-5
+    assert padded.pos.tolist()[:4] == plain.pos.tolist()[:4] == [12, 0, 12, 0]
+
+
+def test_codec_graph_runner_plans_and_falls_back_to_the_eager_stream(s2: Codec, long_codes: torch.Tensor) -> None:
+    from rtts.pingpong.codec_graphs import CodecGraphRunner, chunk_plan
+
+    assert chunk_plan(11) == [8, 2, 1] and chunk_plan(1) == [1] and chunk_plan(16) == [8, 8] and chunk_plan(0) == []
+    assert chunk_plan(7, (4, 1)) == [4, 1, 1, 1]
+    state, ref = s2.new_stream_state(3), s2.new_stream_state(3)
+    with pytest.raises(ValueError):
+        CodecGraphRunner(s2, state, 2, 3, use_graphs=False)  # the scratch slot must be a row of the state
+    with pytest.raises(ValueError):
+        CodecGraphRunner(s2, state, 2, 2, use_graphs=False, chunks=(4, 2))
+    runner = CodecGraphRunner(s2, state, 2, 2, use_graphs=False)  # the CPU codec worker's runner: no capture
+    runner.capture()
+    assert not runner.graphs and runner.buckets == [1, 2]
+    codes = long_codes[..., :5]
+    got = runner.decode(codes, torch.tensor([1]))
+    assert torch.equal(got, s2.decode_stream(codes, ref, torch.tensor([1])))
+    assert state.pos.tolist() == ref.pos.tolist() == [0, 5, 0]
+
+
 def test_stream_reset_reuses_slot(s2: Codec, long_codes: torch.Tensor) -> None:
     a, b = long_codes[..., :10], long_codes[..., 100:112]
     state = s2.new_stream_state(3)

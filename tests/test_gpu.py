@@ -22,15 +22,17 @@ pytestmark = pytest.mark.gpu
 GREEDY = SamplingParams(temperature=1.0, top_p=0.9, top_k=1, max_frames=24)
 
 
-def test_graph_scheduler_matches_golden(golden: Path) -> None:
+@pytest.mark.parametrize("codec_graphs", [False, True])
+def test_graph_scheduler_matches_golden(golden: Path, codec_graphs: bool) -> None:
     ckpt = golden / "tiny-s2"
     fx = ckpt / "fixtures"
     lm = load_model(ckpt, device="cuda", dtype=torch.float32)
     codec = load_codec(ckpt, device="cuda", dtype=torch.float32)
     engine = Engine(lm, max_slots=6, max_ctx=1024)
     cases = {c["name"]: c for c in json.loads((fx / "cases.json").read_text())}
-    with Scheduler(engine, codec, SchedulerConfig(cuda_graphs=True)) as sch:
+    with Scheduler(engine, codec, SchedulerConfig(cuda_graphs=True, codec_graphs=codec_graphs)) as sch:
         assert sch.runner.use_graphs and sch.runner.graphs
+        assert bool(sch.codec_worker.runner.graphs) == codec_graphs
         runs = []
         for name in ("case0_noref", "case1_ref", "case2_speaker_nonascii", "case3_two_batches"):
             c = cases[name]
@@ -53,6 +55,33 @@ def test_graph_scheduler_matches_golden(golden: Path) -> None:
                     ref = np.load(fx / name / "b0.codes_decoded.wav.npy")
                     assert np.abs(np.concatenate(pcm) - ref).max() < 1e-3, name
             h.close()
+
+
+def test_codec_graphs_equal_the_eager_stream(golden: Path) -> None:
+    """CodecGraphRunner (padded buckets on the scratch slot, frame counts split 8/4/2/1) against decode_stream on a
+    second state fed the same calls: the same audio and the same per-slot state, within float rounding."""
+    from rtts.pingpong.codec_graphs import CodecGraphRunner
+
+    codec = load_codec(golden / "tiny-s2", device="cuda", dtype=torch.float32)
+    graphed, eager = codec.new_stream_state(7), codec.new_stream_state(7)
+    runner = CodecGraphRunner(codec, graphed, max_batch=6, scratch_slot=6, use_graphs=True)
+    with torch.inference_mode():
+        runner.capture()
+        assert runner.graphs and runner.buckets == [1, 2, 4, 6]
+        g = torch.Generator().manual_seed(0)
+        for slots, n in (([0], 1), ([0, 3, 5], 4), ([1], 11), ([0, 1, 2, 3, 4, 5], 8), ([2, 4], 3), ([5], 2)):
+            codes = torch.randint(0, codec.config.codebook_size, (len(slots), codec.config.num_codebooks, n),
+                                  generator=g).cuda()
+            s = torch.tensor(slots, device="cuda")
+            got = runner.decode(codes, s)
+            want = codec.decode_stream(codes, eager, s)
+            assert got.shape == want.shape
+            assert (got - want).abs().max().item() < 1e-3, (slots, n)
+        torch.cuda.synchronize()
+    assert runner.replays >= 9
+    for a, b in zip(graphed.tails, eager.tails):
+        assert (a[:6] - b[:6]).abs().max().item() < 1e-3
+    assert torch.equal(graphed.pos[:6], eager.pos[:6])
 
 
 def test_graph_replay_equals_eager(golden: Path) -> None:

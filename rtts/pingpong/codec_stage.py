@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from rtts.model.codec import Codec
+from rtts.pingpong.codec_graphs import CodecGraphRunner
 from rtts.pingpong.device import Device
 from rtts.pingpong.outbox import AudioChunk
 from rtts.pingpong.state import STOP, CodecFrames, CodecReset, Stream, Turn, drain
@@ -44,7 +45,7 @@ class _Audio:
 
 class CodecWorker:
     def __init__(self, codec: Codec, dev: Device, capacity: int, first_chunk_frames: int = 1,
-                 max_buffer_seconds: float = 120.0) -> None:
+                 max_buffer_seconds: float = 120.0, use_graphs: bool = False) -> None:
         self.codec = codec
         self.dev = dev
         if dev.cuda and codec.dtype == torch.float32:
@@ -57,6 +58,8 @@ class CodecWorker:
         self.sample_rate = codec.config.sample_rate
         self.max_buffer_samples = int(max_buffer_seconds * self.sample_rate)
         self.state = codec.new_stream_state(capacity)  # owned by this thread
+        # The last row is the scratch slot no stream owns (slots are 0 .. capacity - 2): graph padding lands there.
+        self.runner = CodecGraphRunner(codec, self.state, capacity - 1, capacity - 1, use_graphs and dev.cuda)
         self.pending: dict[int, _Audio] = {}  # turn id -> audio; owned by this thread
         self.frames_decoded = 0
 
@@ -115,7 +118,7 @@ class CodecWorker:
             codes = torch.stack([torch.cat(a.buffered)[:, :].T for a in group])  # [B, num_codebooks, n]
             slots = torch.tensor([a.stream.slot for a in group], device=self.codec.device)
             try:
-                pcm = self.codec.decode_stream(codes.to(self.codec.device), self.state, slots).float().cpu().numpy()
+                pcm = self.runner.decode(codes.to(self.codec.device), slots).float().cpu().numpy()
             except Exception as e:
                 log.exception("codec decode failed")
                 for a in group:

@@ -35,6 +35,8 @@ class SchedulerConfig:
     first_chunk_frames: int = 1
     max_buffer_seconds: float = 120.0  # audio a turn may hold unread before it is ended
     cuda_graphs: bool = True
+    # The codec thread's decode from CUDA graphs too (pingpong/codec_graphs.py). Off until measured on a GPU.
+    codec_graphs: bool = False
 
 
 class Scheduler:
@@ -49,7 +51,7 @@ class Scheduler:
         self.runner = DecodeRunner(engine, use_graphs=config.cuda_graphs and self.dev.cuda)
         self.frame_zero = FrameZeroRunner(engine, use_graphs=config.cuda_graphs and self.dev.cuda)
         self.codec_worker = CodecWorker(codec, self.dev, engine.max_slots + 1, config.first_chunk_frames,
-                                        config.max_buffer_seconds)
+                                        config.max_buffer_seconds, config.cuda_graphs and config.codec_graphs)
         self.decode = DecodeWorker(engine, self.runner, self.dev, self.slots, self.codec_worker.inbox,
                                    self._turn_ended)
         self.prefill = PrefillWorker(engine, self.dev, self.decode.inbox, self.codec_worker.inbox,
@@ -64,6 +66,7 @@ class Scheduler:
         """Capture CUDA graphs (after warm-up), then start the threads."""
         self.runner.capture()
         self.frame_zero.capture()
+        self.codec_worker.runner.capture()
         for name, target in (("rtts-prefill", self.prefill.run), ("rtts-decode", self.decode.run),
                              ("rtts-codec", self.codec_worker.run)):
             t = threading.Thread(target=target, name=name, daemon=True)

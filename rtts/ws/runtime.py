@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rtts import env
 from rtts.audio.io import AudioError, read_audio
 from rtts.engine.engine import Engine
 from rtts.model.codec import Codec, load_codec
@@ -65,7 +66,8 @@ class Runtime:
         self.loaded, self.codec = loaded, codec
         self.model_format = loaded.config.format
         self.engine = Engine(loaded, max_slots=config.max_running, max_ctx=config.max_ctx)
-        self.scheduler = Scheduler(self.engine, codec, SchedulerConfig(cuda_graphs=config.cuda_graphs))
+        self.scheduler = Scheduler(self.engine, codec, SchedulerConfig(cuda_graphs=config.cuda_graphs,
+                                                                      codec_graphs=env.codec_graphs()))
         self.voices = VoiceStore(config.voices_dir, self.encode_reference)
         self.metrics = Metrics(self)
         self.ready = False
