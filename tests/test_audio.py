@@ -358,15 +358,15 @@ def test_speed_one_is_an_exact_passthrough() -> None:
 
 def test_message_bytes_target() -> None:
     assert message_bytes_target(OutputSpec("pcm", 8000)) == 2048
-    assert message_bytes_target(OutputSpec("pcm", 24000)) == 2400  # 50 ms
-    assert message_bytes_target(OutputSpec("wav", 44100)) == 4410
+    assert message_bytes_target(OutputSpec("pcm", 24000)) == 2048  # 2 KB: 42.7 ms
+    assert message_bytes_target(OutputSpec("wav", 44100)) == 3528  # 40 ms: one 2048-sample codec frame fills it
     assert message_bytes_target(OutputSpec("mulaw")) == 2048
     for fmt in FORMATS:
         for rate in SAMPLE_RATES[fmt]:
             target = message_bytes_target(OutputSpec(fmt, rate))
             assert 1024 < target <= MAX_MESSAGE_BYTES
             if fmt in ("pcm", "wav"):
-                assert target % 2 == 0 and target >= 0.05 * rate * 2
+                assert target % 2 == 0 and target >= 0.04 * rate * 2
 
 
 def test_rechunker_sizes() -> None:

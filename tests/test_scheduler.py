@@ -378,3 +378,24 @@ def test_randomized_operations_leave_nothing_behind(tiny: LoadedModel, tiny_code
     growth = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
     tracemalloc.stop()
     assert growth < 2 << 20, f"{growth} bytes still allocated after every stream closed"
+
+
+def test_codec_chunks_ramp_up_to_the_latency_mode(tiny_codec: Codec) -> None:
+    """A turn's chunks grow with the audio already delivered (1, 1, 2, 4 ... frames) up to the latency mode's size:
+    the first audio goes out after one frame, and each later chunk arrives before the client has played what it
+    holds (a small first chunk followed by a long gap crackles, PROTOCOL.md §7.2)."""
+    from types import SimpleNamespace
+
+    from rtts.pingpong.codec_stage import CodecWorker
+    from rtts.pingpong.device import Device
+
+    worker = CodecWorker(tiny_codec, Device(torch.device("cpu")), 3)
+    for latency, want in (("balanced", [1, 1, 2, 4, 4, 4]), ("low", [1, 1, 2, 2, 2]),
+                          ("normal", [1, 1, 2, 4, 8, 8]), ("unknown", [1, 1, 2, 4, 4])):
+        a = SimpleNamespace(turn=SimpleNamespace(latency=latency), delivered=0)
+        got = []
+        for _ in want:
+            n = worker._target(a)  # type: ignore[arg-type]
+            got.append(n)
+            a.delivered += n
+        assert got == want, latency

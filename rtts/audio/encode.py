@@ -48,7 +48,9 @@ VOLUME_RANGE_DB = (-20.0, 20.0)
 MAX_MESSAGE_BYTES = 64 * 1024  # websockets clients cap messages at 1 MiB; stay far below
 MIN_RAW_MESSAGE_BYTES = 2048  # Pipecat drops audio events <= 1024 bytes; 2 KiB leaves room
 MIN_COMPRESSED_MESSAGE_BYTES = 1152  # compressed clients (PyAV) take any size; still stay above Pipecat's floor
-MIN_MESSAGE_SECONDS = 0.050
+# One codec frame (2048 samples at 44.1 kHz: 46.4 ms) must fill a message by itself: a turn's first frame is its time to
+# first audio, and at 50 ms the first message waited for the codec's second chunk (PROTOCOL.md §7.3: >= 40-100 ms).
+MIN_MESSAGE_SECONDS = 0.040
 
 # Fish's streaming WAV header: placeholder sizes because the length is unknown (RIFF size = data size + 36).
 WAV_RIFF_SIZE = 0xFFFFFF24

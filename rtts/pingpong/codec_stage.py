@@ -2,8 +2,10 @@
 
 Each stream's codec state (conv tails, attention window) lives in its slot's row of one `CodecStreamState`, and
 continues across the turns of a session, so a session's audio is exactly the whole-utterance decode of all its kept
-codes. A turn's first chunk goes out after `first_chunk_frames` frames (time to first audio); later chunks wait for
-the latency mode's chunk size, which makes each decode call (and each network message) larger.
+codes. A turn's first chunk goes out after `first_chunk_frames` frames (time to first audio); later chunks grow with
+the audio already delivered (1, 1, 2, 4, ... frames: the client's buffer doubles each time, so a small first chunk is
+never followed by a gap longer than the audio it holds) up to the latency mode's chunk size, which makes each decode
+call (and each network message) larger.
 """
 
 from __future__ import annotations
@@ -97,9 +99,8 @@ class CodecWorker:
         return True
 
     def _target(self, a: _Audio) -> int:
-        if a.delivered == 0:
-            return self.first_chunk_frames
-        return CHUNK_FRAMES.get(a.turn.latency, CHUNK_FRAMES["balanced"])
+        mode = CHUNK_FRAMES.get(a.turn.latency, CHUNK_FRAMES["balanced"])
+        return max(1, min(mode, max(self.first_chunk_frames, a.delivered)))
 
     def _ready(self) -> list[_Audio]:
         for a in self.pending.values():
