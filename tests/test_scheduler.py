@@ -381,17 +381,17 @@ def test_randomized_operations_leave_nothing_behind(tiny: LoadedModel, tiny_code
 
 
 def test_codec_chunks_ramp_up_to_the_latency_mode(tiny_codec: Codec) -> None:
-    """A turn's chunks grow with the audio already delivered (1, 1, 2, 4 ... frames) up to the latency mode's size:
-    the first audio goes out after one frame, and each later chunk arrives before the client has played what it
-    holds (a small first chunk followed by a long gap crackles, PROTOCOL.md §7.2)."""
+    """A turn's first chunk is half the latency mode's chunk (low: one frame), then chunks grow with the audio already
+    delivered up to the mode's size: each later chunk is due before the client has played what it holds (a small
+    first chunk followed by a long gap crackles, PROTOCOL.md §7.2)."""
     from types import SimpleNamespace
 
     from rtts.pingpong.codec_stage import CodecWorker
     from rtts.pingpong.device import Device
 
     worker = CodecWorker(tiny_codec, Device(torch.device("cpu")), 3)
-    for latency, want in (("balanced", [1, 1, 2, 4, 4, 4]), ("low", [1, 1, 2, 2, 2]),
-                          ("normal", [1, 1, 2, 4, 8, 8]), ("unknown", [1, 1, 2, 4, 4])):
+    for latency, want in (("balanced", [2, 2, 4, 4, 4]), ("low", [1, 1, 2, 2, 2]),
+                          ("normal", [4, 4, 8, 8]), ("unknown", [2, 2, 4, 4])):
         a = SimpleNamespace(turn=SimpleNamespace(latency=latency), delivered=0)
         got = []
         for _ in want:

@@ -2,10 +2,11 @@
 
 Each stream's codec state (conv tails, attention window) lives in its slot's row of one `CodecStreamState`, and
 continues across the turns of a session, so a session's audio is exactly the whole-utterance decode of all its kept
-codes. A turn's first chunk goes out after `first_chunk_frames` frames (time to first audio); later chunks grow with
-the audio already delivered (1, 1, 2, 4, ... frames: the client's buffer doubles each time, so a small first chunk is
-never followed by a gap longer than the audio it holds) up to the latency mode's chunk size, which makes each decode
-call (and each network message) larger.
+codes. A turn's first chunk holds half the latency mode's chunk (low 1 frame, balanced 2, normal 4; at least
+`first_chunk_frames`): the mode trades time to first audio against the audio the client holds before the next chunk.
+Later chunks grow with the audio already delivered (the client's buffer doubles each time, so a small first chunk is
+not followed by a gap longer than the audio it holds) up to the mode's chunk size (low 2, balanced 4, normal 8), which
+makes each decode call (and each network message) larger.
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ class CodecWorker:
 
     def _target(self, a: _Audio) -> int:
         mode = CHUNK_FRAMES.get(a.turn.latency, CHUNK_FRAMES["balanced"])
-        return max(1, min(mode, max(self.first_chunk_frames, a.delivered)))
+        first = max(1, self.first_chunk_frames, mode // 2)
+        return min(mode, max(first, a.delivered))
 
     def _ready(self) -> list[_Audio]:
         for a in self.pending.values():
