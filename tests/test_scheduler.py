@@ -100,7 +100,8 @@ def test_turns_produce_their_frames_under_concurrency(fake: tuple[FakeSetup, Sch
         assert end.ok and np.array_equal(end.codes, exp)
         assert end.frames == exp.shape[1] == sum(c.frames for c in chunks)
         assert [c.first_frame for c in chunks] == list(np.cumsum([0] + [c.frames for c in chunks[:-1]]))
-        assert chunks[0].frames == 1  # the first chunk goes out after one frame
+        # The first chunk waits for the balanced mode's first size (2 frames) unless the turn ends sooner.
+        assert chunks[0].frames >= min(2, end.frames)
     for h in handles:
         h.close()
     assert_idle(sch)
