@@ -5,7 +5,9 @@ measurement window, so the decode batch stays at `c`. Numbers:
 - decode frames/s: frames sampled per second by the decode thread (all streams), the LLM's throughput;
 - delivered frames/s: kept frames that reached the outboxes as audio (codec included);
 - GPU idle share: on the decode stream, the time between the end of one step's GPU work and the start of the
-  next, over the whole step period (CUDA events around each step) — the share the GPU waits on Python.
+  next, over the whole step period (CUDA events around each step) — the share the GPU waits on Python;
+- turn first audio: speak -> the turn's first audio chunk ready. Turns are spoken at latency "low", whose first
+  chunk is one frame (the scheduler's own first-frame latency, comparable with runs before the chunk ramp).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from rtts.pingpong.slots import NoSlotError
 from rtts.startup import freeze_startup_objects
 from rtts.types import FinishReason, SamplingParams
 
+LATENCY = "low"  # first chunk = one frame (see the module docstring)
 TEXT = ("The quick brown fox jumps over the lazy dog, and then it runs back home through the quiet evening streets "
         "while the city lights come on one by one.")
 
@@ -90,7 +93,7 @@ def measure(sch: Scheduler, c: int, codec_name: str, warmup: float, seconds: flo
         refs.append(Reference("A reference sentence for the voice of this stream.", codes))
         handles.append(sch.open([refs[-1]]))
     params = SamplingParams(temperature=0.8, top_p=0.8, top_k=30, max_frames=max_frames)
-    outboxes = [h.speak(TEXT, params) for h in handles]
+    outboxes = [h.speak(TEXT, params, latency=LATENCY) for h in handles]
     delivered = [0] * c
     dec = sch.decode
     window: list[float | None] = [None]  # the measured window's start while inside it
@@ -118,7 +121,7 @@ def measure(sch: Scheduler, c: int, codec_name: str, warmup: float, seconds: flo
                         handles[i].close()
                         reopen.add(i)
                         break
-                    outboxes[i] = handles[i].speak(TEXT, params)
+                    outboxes[i] = handles[i].speak(TEXT, params, latency=LATENCY)
                     waiting[i] = True
         for i in list(reopen):
             try:
@@ -126,7 +129,7 @@ def measure(sch: Scheduler, c: int, codec_name: str, warmup: float, seconds: flo
             except NoSlotError:
                 continue
             reopen.discard(i)
-            outboxes[i] = handles[i].speak(TEXT, params)
+            outboxes[i] = handles[i].speak(TEXT, params, latency=LATENCY)
             waiting[i] = True
 
     # Warm up until every stream has audio (all voice prompts and first turns prefilled), then `warmup` more.
