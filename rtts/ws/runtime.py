@@ -113,4 +113,3 @@ class Runtime:
         self.ready = False
         self.scheduler.stop()
         self.metrics.close()
-
