@@ -15,6 +15,12 @@ def codec_graphs() -> bool:
     return _flag("RTTS_CODEC_GRAPHS")
 
 
+def prefill_graphs() -> bool:
+    """RTTS_PREFILL_GRAPHS=1: `rtts serve` replays turn-sized prompt chunks' forward from CUDA graphs
+    (engine/graphs.PrefillRunner; off by default until measured on a GPU)."""
+    return _flag("RTTS_PREFILL_GRAPHS")
+
+
 def reference_kernels() -> bool:
     """RTTS_REFERENCE_KERNELS=1: run every op through its pure-torch reference (bisection, CPU)."""
     return _flag("RTTS_REFERENCE_KERNELS")

@@ -22,17 +22,19 @@ pytestmark = pytest.mark.gpu
 GREEDY = SamplingParams(temperature=1.0, top_p=0.9, top_k=1, max_frames=24)
 
 
-@pytest.mark.parametrize("codec_graphs", [False, True])
-def test_graph_scheduler_matches_golden(golden: Path, codec_graphs: bool) -> None:
+@pytest.mark.parametrize("more_graphs", [False, True])  # also the codec's and the turn prefills' graphs
+def test_graph_scheduler_matches_golden(golden: Path, more_graphs: bool) -> None:
     ckpt = golden / "tiny-s2"
     fx = ckpt / "fixtures"
     lm = load_model(ckpt, device="cuda", dtype=torch.float32)
     codec = load_codec(ckpt, device="cuda", dtype=torch.float32)
     engine = Engine(lm, max_slots=6, max_ctx=1024)
     cases = {c["name"]: c for c in json.loads((fx / "cases.json").read_text())}
-    with Scheduler(engine, codec, SchedulerConfig(cuda_graphs=True, codec_graphs=codec_graphs)) as sch:
+    config = SchedulerConfig(cuda_graphs=True, codec_graphs=more_graphs, prefill_graphs=more_graphs)
+    with Scheduler(engine, codec, config) as sch:
         assert sch.runner.use_graphs and sch.runner.graphs
-        assert bool(sch.codec_worker.runner.graphs) == codec_graphs
+        assert bool(sch.codec_worker.runner.graphs) == bool(sch.prefill_graphs.graphs) == more_graphs
+        assert (engine.prefill_graphs is not None) == more_graphs
         runs = []
         for name in ("case0_noref", "case1_ref", "case2_speaker_nonascii", "case3_two_batches"):
             c = cases[name]
@@ -124,7 +126,44 @@ def test_graph_replay_equals_eager(golden: Path) -> None:
     assert runner.buckets == [1, 2, 3] and few.frame_zero_graphs is runner
 
 
-def test_fp8_scheduler_with_concurrent_prefill_and_decode_graphs(tmp_path: Path) -> None:
+def test_prefill_graphs_equal_the_eager_forward(golden: Path) -> None:
+    """PrefillRunner's replay (padded to its bucket, whole-cache attention) against the exact-size eager forward on
+    the same cache contents: the same hidden states for the real rows and the same K/V in the real slots."""
+    from rtts.engine.graphs import PrefillRunner
+
+    lm = load_model(golden / "tiny-s2", device="cuda", dtype=torch.float32)
+    eng = Engine(lm, max_slots=4, max_ctx=256)
+    g = torch.Generator().manual_seed(4)
+    for slot, n in ((1, 21), (2, 7)):
+        eng.prefill_batch([PrefillItem(slot, torch.randint(0, 100, (eng.rows, n), generator=g))])
+    runner = PrefillRunner(eng, use_graphs=True)
+    runner.capture()
+    assert eng.prefill_graphs is runner and runner.fits(3, 13) and not runner.fits(3, 129)
+    lengths = {1: 13, 2: 5, 0: 9}
+    cols = torch.zeros(3, eng.rows, 13, dtype=torch.int64)
+    positions = torch.full((3, 13), eng.max_ctx, dtype=torch.int64)
+    for i, (slot, t) in enumerate(lengths.items()):
+        cols[i, :, :t] = torch.randint(0, 100, (eng.rows, t), generator=g)
+        positions[i, :t] = torch.arange(eng.host_pos[slot], eng.host_pos[slot] + t)
+    slots = list(lengths)
+    kv_len = max(eng.host_pos[s] + t for s, t in lengths.items())
+    with torch.inference_mode():
+        k0, v0 = eng.kv.k.clone(), eng.kv.v.clone()
+        want = eng.prefill_forward(cols.cuda(), positions.cuda(), torch.tensor(slots, device="cuda"), kv_len)
+        kw, vw = eng.kv.k.clone(), eng.kv.v.clone()
+        eng.kv.k.copy_(k0)
+        eng.kv.v.copy_(v0)
+        got = runner(cols, positions, slots)
+        torch.cuda.synchronize()
+    for i, (slot, t) in enumerate(lengths.items()):
+        assert (got[i, :t] - want[i, :t]).abs().max().item() < 1e-3, slot
+        end = eng.host_pos[slot] + t
+        assert (eng.kv.k[:, slot, :end] - kw[:, slot, :end]).abs().max().item() < 1e-3
+        assert (eng.kv.v[:, slot, :end] - vw[:, slot, :end]).abs().max().item() < 1e-3
+
+
+@pytest.mark.parametrize("prefill_graphs", [False, True])
+def test_fp8_scheduler_with_concurrent_prefill_and_decode_graphs(tmp_path: Path, prefill_graphs: bool) -> None:
     """FP8 streams whose turns keep starting while others decode: the prefill thread replays its frame-0 graphs while
     the decode thread replays its steps, each family on its own FP8 GEMM scratch (kernels.graph_scratch). Sharing
     one scratch mixed the two threads' split-tile counters and hung the GPU (H200, af3301e); here every turn must
@@ -136,7 +175,7 @@ def test_fp8_scheduler_with_concurrent_prefill_and_decode_graphs(tmp_path: Path)
     codec = load_codec(fp8_dir, device="cuda", dtype=torch.float32)
     engine = Engine(lm, max_slots=6, max_ctx=512)
     params = SamplingParams(temperature=0.8, top_p=0.8, top_k=30, max_frames=12)
-    with Scheduler(engine, codec, SchedulerConfig(cuda_graphs=True)) as sch:
+    with Scheduler(engine, codec, SchedulerConfig(cuda_graphs=True, prefill_graphs=prefill_graphs)) as sch:
         assert engine.frame_zero_graphs is not None
         handles = [sch.open([]) for _ in range(6)]
         ended = 0

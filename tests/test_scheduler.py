@@ -400,3 +400,47 @@ def test_codec_chunks_ramp_up_to_the_latency_mode(tiny_codec: Codec) -> None:
             got.append(n)
             a.delivered += n
         assert got == want, latency
+
+
+def test_prefill_padding_to_graph_buckets_changes_no_real_row(tiny: LoadedModel) -> None:
+    """What PrefillRunner's graphs rely on, checked eagerly: a prompt chunk padded to its (items, length) bucket,
+    padded items on the scratch slot and attending over the whole cache (kv_len = max_ctx + 1), gives the real rows
+    the same hidden states and writes the real slots the same K/V as the exact-size forward."""
+    from rtts.engine.engine import PrefillItem
+    from rtts.engine.graphs import PrefillRunner
+
+    eng = Engine(tiny, max_slots=4, max_ctx=256)
+    runner = PrefillRunner(eng, use_graphs=False)
+    assert runner.buckets == [1, 2, 4, 8] and runner.lengths == (16, 32, 64, 128) and not runner.fits(1, 8)
+    g = torch.Generator().manual_seed(3)
+    rows = eng.rows
+    # History first: slot 1 holds a 21-position prompt, slot 2 a 7-position one.
+    for slot, n in ((1, 21), (2, 7)):
+        eng.prefill_batch([PrefillItem(slot, torch.randint(0, 100, (rows, n), generator=g))])
+    items = [PrefillItem(1, torch.randint(0, 100, (rows, 13), generator=g)),
+             PrefillItem(2, torch.randint(0, 100, (rows, 5), generator=g)),
+             PrefillItem(0, torch.randint(0, 100, (rows, 9), generator=g))]
+    B, S = len(items), 13
+    cols = torch.zeros(B, rows, S, dtype=torch.int64)
+    positions = torch.full((B, S), eng.max_ctx, dtype=torch.int64)
+    for i, it in enumerate(items):
+        t, p0 = it.columns.shape[1], eng.host_pos[it.slot]
+        cols[i, :, :t] = it.columns
+        positions[i, :t] = torch.arange(p0, p0 + t)
+    slots = [it.slot for it in items]
+    kv_len = max(eng.host_pos[s] + it.columns.shape[1] for s, it in zip(slots, items))
+    k0, v0 = eng.kv.k.clone(), eng.kv.v.clone()
+    with torch.inference_mode():
+        want = eng.prefill_forward(cols, positions, torch.tensor(slots), kv_len)
+        kw, vw = eng.kv.k.clone(), eng.kv.v.clone()
+        eng.kv.k.copy_(k0)
+        eng.kv.v.copy_(v0)
+        pc, pp, ps = runner.pad(cols, positions, slots)
+        assert tuple(pc.shape) == (4, rows, 16) and ps.tolist() == [1, 2, 0, eng.scratch_slot]
+        got = eng.prefill_forward(pc, pp, ps, runner.kv_len)
+    for i, it in enumerate(items):
+        t = it.columns.shape[1]
+        assert (got[i, :t] - want[i, :t]).abs().max().item() < 1e-4, i
+        end = eng.host_pos[it.slot] + t
+        for cache, ref in ((eng.kv.k, kw), (eng.kv.v, vw)):
+            assert (cache[:, it.slot, :end] - ref[:, it.slot, :end]).abs().max().item() < 1e-4, i

@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=6.0)
     p.add_argument("--no-graphs", action="store_true")
     p.add_argument("--codec-graphs", action="store_true", help="the real codec's chunk decodes from CUDA graphs")
+    p.add_argument("--prefill-graphs", action="store_true", help="turn-sized prompt chunks from CUDA graphs")
     p.add_argument("--fp8", action="store_true", help="block-scaled FP8 transformer linears (rtts quantize format)")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args(argv)
@@ -219,9 +220,12 @@ def main(argv: list[str] | None = None) -> None:
         plans.append(("real", real_codec, [int(x) for x in args.codec_concurrency.split(",")]))
     for name, codec, cs in plans:
         # (the null codec has nothing to capture)
-        cfg = SchedulerConfig(cuda_graphs=not args.no_graphs, codec_graphs=args.codec_graphs and name == "real")
+        cfg = SchedulerConfig(cuda_graphs=not args.no_graphs, codec_graphs=args.codec_graphs and name == "real",
+                              prefill_graphs=args.prefill_graphs)
         sch = Scheduler(engine, codec, cfg).start()  # type: ignore[arg-type]
         capture[name] = sch.runner.capture_seconds
+        if sch.prefill_graphs.graphs:
+            capture[f"{name} prefill"] = sch.prefill_graphs.capture_seconds
         if sch.codec_worker.runner.graphs:
             capture[f"{name} codec"] = sch.codec_worker.runner.capture_seconds
         freeze_startup_objects()  # as `rtts serve` does: no full garbage collection walks the model mid-measurement

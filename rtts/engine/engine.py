@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Protocol
 
 import torch
 
@@ -38,6 +39,14 @@ PENALTY_WINDOW = 16  # S1: last 16 frames
 S1_FAST_VOCAB = 1024  # S1 cuts the fast logits to the first 1024 before the penalty
 RAS_TEMPERATURE, RAS_TOP_P = 1.0, 0.9
 DRAW_MAIN, DRAW_RAS = 0, 1  # draw ids 2.. are the fast codebooks
+
+
+class PrefillGraphs(Protocol):
+    """What Engine.prefill_batch needs of graphs.PrefillRunner (defined there: it imports this module)."""
+
+    def fits(self, batch: int, length: int) -> bool: ...
+
+    def __call__(self, cols: torch.Tensor, positions: torch.Tensor, slots: list[int]) -> torch.Tensor: ...
 
 
 @dataclass
@@ -172,6 +181,8 @@ class Engine:
         self.trace: TraceFn | None = None  # debugging/test hook: receives intermediate tensors
         # Set by graphs.FrameZeroRunner.capture(): frame 0 replayed from CUDA graphs (eager it is hundreds of launches)
         self.frame_zero_graphs: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        # Set by graphs.PrefillRunner.capture: turn-sized prompt chunks replay their forward from CUDA graphs.
+        self.prefill_graphs: PrefillGraphs | None = None
         self.host_pos = [0] * (max_slots + 1)  # host mirror of state.pos, advanced by prefill() and decode()
         # The scratch slot is permanently frozen, so padded rows never advance it.
         self.state.finish[self.scratch_slot] = FinishReason.CANCELLED
@@ -287,12 +298,15 @@ class Engine:
             positions[i, :t] = torch.arange(p0, p0 + t)
         kv_len = max(self.host_pos[it.slot] + t for it, t in zip(items, lengths))
         dev = self.device
-        cols, positions = cols.to(dev, non_blocking=True), positions.to(dev, non_blocking=True)
-        slots = torch.tensor([it.slot for it in items], device=dev)
-        x = self.model.embed(cols)
-        if self.trace is not None and B == 1:
-            self.trace("embeddings", x[0])
-        hidden = self.model.forward_slow(x, self.rope[positions], self.kv.k, self.kv.v, slots, positions, kv_len)
+        slot_list = [it.slot for it in items]
+        slots = torch.tensor(slot_list, device=dev)
+        if self.prefill_graphs is not None and self.trace is None and self.prefill_graphs.fits(B, S):
+            hidden = self.prefill_graphs(cols, positions, slot_list)
+        else:
+            cols, positions = cols.to(dev, non_blocking=True), positions.to(dev, non_blocking=True)
+            if self.trace is not None and B == 1:
+                self.trace("embeddings", self.model.embed(cols)[0])
+            hidden = self.prefill_forward(cols, positions, slots, kv_len)
         for it, t in zip(items, lengths):
             self.host_pos[it.slot] += t
             self.state.pos[it.slot] = self.host_pos[it.slot]
@@ -304,6 +318,14 @@ class Engine:
         if self.frame_zero_graphs is not None and self.trace is None:
             return self.frame_zero_graphs(hidden[rows, last], slots[rows])
         return self.frame_zero(hidden[rows, last], slots[rows])
+
+    def prefill_forward(self, cols: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                        kv_len: int) -> torch.Tensor:
+        """Graph-safe body of a prompt chunk's forward: cols [B, rows, S], positions [B, S] (padding at max_ctx),
+        slots [B], all on the device -> pre-norm hidden [B, S, dim]; the K/V of every position are written.
+        A kv_len beyond the rows' histories changes nothing: keys past a query's position are masked."""
+        x = self.model.embed(cols)
+        return self.model.forward_slow(x, self.rope[positions], self.kv.k, self.kv.v, slots, positions, kv_len)
 
     def frame_zero(self, hidden: torch.Tensor, slots: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
         """Graph-safe body of a turn's frame 0: sample it from the prompt's last hidden state [B, dim] (slow head,

@@ -8,6 +8,10 @@ they are harmless.
 
 KV-length buckets exist because the torch reference attention reads a fixed number of cache positions per graph;
 a kernel that reads each slot's length from device memory needs one bucket (the full context).
+
+The prefill thread has graphs of its own (FrameZeroRunner: a turn's frame 0; PrefillRunner: turn-sized prompt
+chunks), replayed one at a time on its stream, concurrently with the decode thread's: their own memory pools and
+their own FP8 split-tile scratch (kernels.graph_scratch(PREFILL_FAMILY)).
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ def kv_buckets(max_len: int, smallest: int = 256) -> list[int]:
         b *= 2
     return out + [max_len]
 
+
+PREFILL_FAMILY = "prefill"  # graph family of the prefill thread's graphs (kernels.graph_scratch)
+PREFILL_LENGTHS = (16, 32, 64, 128)  # prompt-chunk lengths PrefillRunner captures (turn text; voice prompts run eager)
 
 K = TypeVar("K")
 T = TypeVar("T")
@@ -158,7 +165,7 @@ class FrameZeroRunner:
         t0 = time.perf_counter()
         eng = self.engine
         # Its own split-tile scratch: these replay on the prefill thread while the decode graphs replay.
-        with kernels.graph_scratch("frame-zero"):
+        with kernels.graph_scratch(PREFILL_FAMILY):
             kernels.reserve_graph_scratch(eng.device)
             self.graphs = capture_graphs(eng.device, reversed(self.buckets),
                                          lambda b: eng.frame_zero(self.hidden[:b], self.slots[:b], self.active[:b]))
@@ -178,3 +185,80 @@ class FrameZeroRunner:
         g, col = self.graphs[b]
         g.replay()
         return col[:n].clone()
+
+
+class PrefillRunner:
+    """A turn's prompt chunk forward (embedding, slow stack, K/V written) replayed from CUDA graphs: one per (items
+    bucket up to prefill_rows, chunk length of PREFILL_LENGTHS), all attending over the whole cache (kv_len =
+    max_ctx + 1: keys past a query's position are masked, so a longer span only costs a little attention work).
+    Eager, a 40-position forward is ~25-40 ms of host time on the H200 against ~5-8 ms of kernels
+    (bench/results/traces/README.md), all of it on the turn's time to first audio. Padding follows Engine.prefill_batch:
+    padded positions sit at the spare position max_ctx of their row's slot, padded items on the scratch slot. Chunks
+    longer than the longest captured length (voice prompts) run eager. Off unless SchedulerConfig.prefill_graphs."""
+
+    def __init__(self, engine: Engine, use_graphs: bool | None = None,
+                 lengths: tuple[int, ...] = PREFILL_LENGTHS) -> None:
+        self.engine = engine
+        self.use_graphs = (engine.device.type == "cuda") if use_graphs is None else use_graphs
+        self.buckets = batch_buckets(engine.prefill_rows)
+        self.lengths = tuple(sorted(x for x in lengths if x <= engine.max_ctx))
+        self.kv_len = engine.max_ctx + 1
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.capture_seconds = 0.0
+
+    def pad(self, cols: torch.Tensor, positions: torch.Tensor, slots: list[int]
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Host cols [B, rows, S] and positions [B, S] (prefill_batch's) -> the same padded to the buckets holding
+        them: cols [b, rows, s] zeros past S, positions [b, s] at max_ctx past S and on padded items, slots [b] (the
+        scratch slot on padded items)."""
+        eng = self.engine
+        B, rows, S = cols.shape
+        b = next(x for x in self.buckets if x >= B)
+        s = next(x for x in self.lengths if x >= S)
+        pc = torch.zeros(b, rows, s, dtype=torch.int64)
+        pc[:B, :, :S] = cols
+        pp = torch.full((b, s), eng.max_ctx, dtype=torch.int64)
+        pp[:B, :S] = positions
+        ps = torch.full((b,), eng.scratch_slot, dtype=torch.int64)
+        ps[:B] = torch.tensor(slots, dtype=torch.int64)
+        return pc, pp, ps
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Warm up and capture every (bucket, length) pair on the scratch slot, then hand the replays to the engine."""
+        if not self.use_graphs or not self.lengths:
+            return
+        t0 = time.perf_counter()
+        eng, dev, top = self.engine, self.engine.device, self.buckets[-1]
+        rows = eng.rows
+        # Static inputs, one set per length (so every graph reads a contiguous prefix of its own).
+        self.cols = {s: torch.zeros(top, rows, s, dtype=torch.int64, device=dev) for s in self.lengths}
+        self.positions = {s: torch.full((top, s), eng.max_ctx, dtype=torch.int64, device=dev) for s in self.lengths}
+        self.slots = torch.full((top,), eng.scratch_slot, dtype=torch.int64, device=dev)
+
+        def body(key: tuple[int, int]) -> torch.Tensor:
+            b, s = key
+            return eng.prefill_forward(self.cols[s][:b], self.positions[s][:b], self.slots[:b], self.kv_len)
+
+        keys = [(b, s) for s in reversed(self.lengths) for b in reversed(self.buckets)]
+        with kernels.graph_scratch(PREFILL_FAMILY):
+            kernels.reserve_graph_scratch(dev)
+            self.graphs = capture_graphs(dev, keys, body)
+        eng.prefill_graphs = self
+        self.capture_seconds = time.perf_counter() - t0
+
+    def fits(self, batch: int, length: int) -> bool:
+        return bool(self.graphs) and batch <= self.buckets[-1] and length <= self.lengths[-1]
+
+    def __call__(self, cols: torch.Tensor, positions: torch.Tensor, slots: list[int]) -> torch.Tensor:
+        """Replay the chunk's bucket on the current stream -> hidden [B, s, dim] (s >= S: the padded length), a view
+        of the graph's output, valid until its next replay."""
+        pc, pp, ps = self.pad(cols, positions, slots)
+        b, s = pp.shape
+        self.cols[s][:b].copy_(pc, non_blocking=True)
+        self.positions[s][:b].copy_(pp, non_blocking=True)
+        self.slots[:b].copy_(ps, non_blocking=True)
+        g, hidden = self.graphs[(b, s)]
+        g.replay()
+        return hidden[: cols.shape[0]]
+

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from rtts.engine.engine import Engine
-from rtts.engine.graphs import DecodeRunner, FrameZeroRunner
+from rtts.engine.graphs import DecodeRunner, FrameZeroRunner, PrefillRunner
 from rtts.model.codec import Codec
 from rtts.model.errors import PromptError
 from rtts.model.prompt import PromptBuilder, Reference
@@ -37,6 +37,8 @@ class SchedulerConfig:
     cuda_graphs: bool = True
     # The codec thread's decode from CUDA graphs too (pingpong/codec_graphs.py). Off until measured on a GPU.
     codec_graphs: bool = False
+    # Turn-sized prompt chunks' forward from CUDA graphs (engine/graphs.PrefillRunner). Off until measured on a GPU.
+    prefill_graphs: bool = False
 
 
 class Scheduler:
@@ -50,6 +52,8 @@ class Scheduler:
         self.slots = SlotAllocator(engine.max_slots)
         self.runner = DecodeRunner(engine, use_graphs=config.cuda_graphs and self.dev.cuda)
         self.frame_zero = FrameZeroRunner(engine, use_graphs=config.cuda_graphs and self.dev.cuda)
+        self.prefill_graphs = PrefillRunner(engine, use_graphs=config.cuda_graphs and config.prefill_graphs
+                                            and self.dev.cuda)
         self.codec_worker = CodecWorker(codec, self.dev, engine.max_slots + 1, config.first_chunk_frames,
                                         config.max_buffer_seconds, config.cuda_graphs and config.codec_graphs)
         self.decode = DecodeWorker(engine, self.runner, self.dev, self.slots, self.codec_worker.inbox,
@@ -66,6 +70,7 @@ class Scheduler:
         """Capture CUDA graphs (after warm-up), then start the threads."""
         self.runner.capture()
         self.frame_zero.capture()
+        self.prefill_graphs.capture()
         self.codec_worker.runner.capture()
         for name, target in (("rtts-prefill", self.prefill.run), ("rtts-decode", self.decode.run),
                              ("rtts-codec", self.codec_worker.run)):

@@ -66,8 +66,9 @@ class Runtime:
         self.loaded, self.codec = loaded, codec
         self.model_format = loaded.config.format
         self.engine = Engine(loaded, max_slots=config.max_running, max_ctx=config.max_ctx)
-        self.scheduler = Scheduler(self.engine, codec, SchedulerConfig(cuda_graphs=config.cuda_graphs,
-                                                                      codec_graphs=env.codec_graphs()))
+        sched = SchedulerConfig(cuda_graphs=config.cuda_graphs, codec_graphs=env.codec_graphs(),
+                                prefill_graphs=env.prefill_graphs())
+        self.scheduler = Scheduler(self.engine, codec, sched)
         self.voices = VoiceStore(config.voices_dir, self.encode_reference)
         self.metrics = Metrics(self)
         self.ready = False
