@@ -411,7 +411,11 @@ def test_prefill_padding_to_graph_buckets_changes_no_real_row(tiny: LoadedModel)
 
     eng = Engine(tiny, max_slots=4, max_ctx=256)
     runner = PrefillRunner(eng, use_graphs=False)
-    assert runner.buckets == [1, 2, 4, 8] and runner.lengths == (16, 32, 64, 128) and not runner.fits(1, 8)
+    assert runner.buckets == [1, 2, 4, 8] and runner.lengths == (16, 32, 64, 128, 256)  # max_ctx 256: no 512
+    assert not runner.fits(1, 8)  # nothing captured on the CPU
+    assert runner.bucket(3, 13) == (4, 16) and runner.bucket(8, 128) == (8, 128) and runner.bucket(1, 257) is None
+    wide = PrefillRunner(Engine(tiny, max_slots=2, max_ctx=1024), use_graphs=False, max_positions=2048)
+    assert wide.bucket(8, 256) == (8, 256) and wide.bucket(5, 512) is None and wide.bucket(4, 300) == (4, 512)
     g = torch.Generator().manual_seed(3)
     rows = eng.rows
     # History first: slot 1 holds a 21-position prompt, slot 2 a 7-position one.

@@ -42,7 +42,7 @@ def kv_buckets(max_len: int, smallest: int = 256) -> list[int]:
 
 
 PREFILL_FAMILY = "prefill"  # graph family of the prefill thread's graphs (kernels.graph_scratch)
-PREFILL_LENGTHS = (16, 32, 64, 128)  # prompt-chunk lengths PrefillRunner captures (turn text; voice prompts run eager)
+PREFILL_LENGTHS = (16, 32, 64, 128, 256, 512)  # prompt-chunk lengths PrefillRunner captures (512: the default chunk)
 
 K = TypeVar("K")
 T = TypeVar("T")
@@ -188,21 +188,23 @@ class FrameZeroRunner:
 
 
 class PrefillRunner:
-    """A turn's prompt chunk forward (embedding, slow stack, K/V written) replayed from CUDA graphs: one per (items
-    bucket up to prefill_rows, chunk length of PREFILL_LENGTHS), all attending over the whole cache (kv_len =
-    max_ctx + 1: keys past a query's position are masked, so a longer span only costs a little attention work).
-    Eager, a 40-position forward is ~25-40 ms of host time on the H200 against ~5-8 ms of kernels
-    (bench/results/traces/README.md), all of it on the turn's time to first audio. Padding follows Engine.prefill_batch:
-    padded positions sit at the spare position max_ctx of their row's slot, padded items on the scratch slot. Chunks
-    longer than the longest captured length (voice prompts) run eager. Off unless SchedulerConfig.prefill_graphs."""
+    """A prompt chunk's forward (embedding, slow stack, K/V written) replayed from CUDA graphs: one per (items bucket
+    up to prefill_rows, chunk length of PREFILL_LENGTHS) whose padded positions fit `max_positions` (the prefill
+    thread's token budget), all attending over the whole cache (kv_len = max_ctx + 1: keys past a query's position
+    are masked, so a longer span only costs a little attention work). Eager, a 40-position forward is ~25-40 ms of
+    host time on the H200 against ~5-8 ms of kernels (bench/results/traces/README.md), on a turn's time to first audio
+    (and a voice prompt's, when the text follows the start at once). Padding follows Engine.prefill_batch: padded
+    positions sit at the spare position max_ctx of their row's slot, padded items on the scratch slot. Other shapes
+    run eager. Off unless SchedulerConfig.prefill_graphs."""
 
     def __init__(self, engine: Engine, use_graphs: bool | None = None,
-                 lengths: tuple[int, ...] = PREFILL_LENGTHS) -> None:
+                 lengths: tuple[int, ...] = PREFILL_LENGTHS, max_positions: int = 2048) -> None:
         self.engine = engine
         self.use_graphs = (engine.device.type == "cuda") if use_graphs is None else use_graphs
         self.buckets = batch_buckets(engine.prefill_rows)
         self.lengths = tuple(sorted(x for x in lengths if x <= engine.max_ctx))
         self.kv_len = engine.max_ctx + 1
+        self.keys = [(b, s) for s in self.lengths for b in self.buckets if b * s <= max(max_positions, s)]
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_seconds = 0.0
 
@@ -240,15 +242,22 @@ class PrefillRunner:
             b, s = key
             return eng.prefill_forward(self.cols[s][:b], self.positions[s][:b], self.slots[:b], self.kv_len)
 
-        keys = [(b, s) for s in reversed(self.lengths) for b in reversed(self.buckets)]
+        keys = sorted(self.keys, key=lambda k: -k[0] * k[1])  # largest first: the shared pool is sized once
         with kernels.graph_scratch(PREFILL_FAMILY):
             kernels.reserve_graph_scratch(dev)
             self.graphs = capture_graphs(dev, keys, body)
         eng.prefill_graphs = self
         self.capture_seconds = time.perf_counter() - t0
 
+    def bucket(self, batch: int, length: int) -> tuple[int, int] | None:
+        """The captured (items, length) pair a chunk of `batch` items x `length` positions pads to, if any."""
+        if batch > self.buckets[-1] or length > self.lengths[-1]:
+            return None
+        key = (next(x for x in self.buckets if x >= batch), next(x for x in self.lengths if x >= length))
+        return key if key in self.keys else None
+
     def fits(self, batch: int, length: int) -> bool:
-        return bool(self.graphs) and batch <= self.buckets[-1] and length <= self.lengths[-1]
+        return bool(self.graphs) and self.bucket(batch, length) is not None
 
     def __call__(self, cols: torch.Tensor, positions: torch.Tensor, slots: list[int]) -> torch.Tensor:
         """Replay the chunk's bucket on the current stream -> hidden [B, s, dim] (s >= S: the padded length), a view

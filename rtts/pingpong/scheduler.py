@@ -53,7 +53,7 @@ class Scheduler:
         self.runner = DecodeRunner(engine, use_graphs=config.cuda_graphs and self.dev.cuda)
         self.frame_zero = FrameZeroRunner(engine, use_graphs=config.cuda_graphs and self.dev.cuda)
         self.prefill_graphs = PrefillRunner(engine, use_graphs=config.cuda_graphs and config.prefill_graphs
-                                            and self.dev.cuda)
+                                            and self.dev.cuda, max_positions=config.prefill_token_budget)
         self.codec_worker = CodecWorker(codec, self.dev, engine.max_slots + 1, config.first_chunk_frames,
                                         config.max_buffer_seconds, config.cuda_graphs and config.codec_graphs)
         self.decode = DecodeWorker(engine, self.runner, self.dev, self.slots, self.codec_worker.inbox,
