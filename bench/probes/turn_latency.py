@@ -1,6 +1,6 @@
 """Where a turn's time to first audio goes inside the scheduler (random weights): a probe, not a benchmark.
 
-    python bench/probes/turn_latency.py OUT [--preset s2-pro] [--fp8] [--concurrency 1,16]
+    python bench/probes/turn_latency.py OUT [--preset s2-pro] [--fp8] [--concurrency 1,16] [--prefill-graphs]
 
 Runs the scheduler bench's measurement (rtts.bench.scheduler.measure, codec none) and stamps, per turn: speak ->
 the prefill thread's batch start -> the batch's forward done -> frame 0 handed to the codec stage -> first audio
@@ -32,6 +32,7 @@ def main() -> None:
     p.add_argument("--fp8", action="store_true")
     p.add_argument("--concurrency", default="1,16")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--prefill-graphs", action="store_true", help="turn prefills from CUDA graphs (PrefillRunner)")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -59,7 +60,8 @@ def main() -> None:
     prefill_mod.PrefillWorker._run = timed_run  # type: ignore[method-assign]
     prefill_mod.PrefillWorker._finish_turn_prefill = timed_finish  # type: ignore[method-assign]
     res: dict[str, Any] = {}
-    sch = Scheduler(eng, NullCodec(codec.config), SchedulerConfig(cuda_graphs=dev.type == "cuda")).start()
+    config = SchedulerConfig(cuda_graphs=dev.type == "cuda", prefill_graphs=args.prefill_graphs)
+    sch = Scheduler(eng, NullCodec(codec.config), config).start()
     for c in conc:
         batches.clear()
         handed.clear()
