@@ -448,3 +448,43 @@ def test_prefill_padding_to_graph_buckets_changes_no_real_row(tiny: LoadedModel)
         end = eng.host_pos[it.slot] + t
         for cache, ref in ((eng.kv.k, kw), (eng.kv.v, vw)):
             assert (cache[:, it.slot, :end] - ref[:, it.slot, :end]).abs().max().item() < 1e-4, i
+
+
+def test_codec_stage_decodes_a_slots_turns_and_resets_in_order(tiny_codec: Codec) -> None:
+    """Everything of a slot reaching the codec thread in one drain (a turn's last frames and end, a reset for a new
+    session on the stream, the next turn): the first turn continues the slot's codec state, the reset lands after
+    it, the next turn starts from silence, and no decode call lists the slot twice."""
+    from rtts.pingpong.codec_stage import CodecWorker
+    from rtts.pingpong.device import Device
+    from rtts.pingpong.state import CodecFrames, CodecReset, Stream, Turn
+
+    worker = CodecWorker(tiny_codec, Device(torch.device("cpu")), 3)
+    stream = Stream(slot=1)
+    g = torch.Generator().manual_seed(0)
+    c0, c1, c2 = (torch.randint(0, 1000, (n, 10), generator=g) for n in (4, 2, 2))
+    none = torch.empty(0, 0, dtype=torch.int64)
+
+    def turn() -> Turn:
+        return Turn("t", SamplingParams(), Outbox(), latency="low")
+
+    def run(msgs: list[object]) -> None:
+        for m in msgs:
+            worker.inbox.put(m)
+        with torch.inference_mode():
+            worker._drain(block=False)
+            while ready := worker._ready():
+                assert len({a.stream.slot for a in ready}) == len(ready)
+                worker._decode(ready)
+
+    t0, t1, t2 = turn(), turn(), turn()
+    run([CodecFrames(stream, t0, c0), CodecFrames(stream, t0, none, final=True)])
+    run([CodecFrames(stream, t1, c1), CodecFrames(stream, t1, none, final=True), CodecReset(1),
+         CodecFrames(stream, t2, c2), CodecFrames(stream, t2, none, final=True)])
+    got = [np.concatenate([c.pcm for c in drain(t.outbox)[0]]) for t in (t0, t1, t2)]
+    ref = tiny_codec.new_stream_state(3)
+    with torch.inference_mode():
+        want = [tiny_codec.decode_stream(c.T[None], ref, torch.tensor([1]))[0].numpy() for c in (c0, c1)]
+        want.append(tiny_codec.decode_stream(c2.T[None], tiny_codec.new_stream_state(3), torch.tensor([1]))[0].numpy())
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and np.abs(a - b).max() < 1e-4
+    assert not worker.pending and not worker.deferred_resets

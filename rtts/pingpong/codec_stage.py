@@ -63,7 +63,9 @@ class CodecWorker:
         self.state = codec.new_stream_state(capacity)  # owned by this thread
         # The last row is the scratch slot no stream owns (slots are 0 .. capacity - 2): graph padding lands there.
         self.runner = CodecGraphRunner(codec, self.state, capacity - 1, capacity - 1, use_graphs and dev.cuda)
-        self.pending: dict[int, _Audio] = {}  # turn id -> audio; owned by this thread
+        self.pending: dict[int, _Audio] = {}  # turn id -> audio, oldest first; owned by this thread
+        # slot -> turns that must finish before the slot's codec state is reset (a CodecReset behind them)
+        self.deferred_resets: dict[int, set[int]] = {}
         self.frames_decoded = 0
 
     def run(self) -> None:
@@ -80,9 +82,12 @@ class CodecWorker:
                     a.turn.finish(FinishReason.ERROR, "server shutting down", a.delivered)
                 return False
             if isinstance(msg, CodecReset):
-                mask = torch.zeros(self.state.capacity, dtype=torch.bool, device=self.codec.device)
-                mask[msg.slot] = True
-                self.state.reset(mask)
+                # Turns of the slot still in flight here decode from the state they started; the reset waits.
+                older = {a.turn.id for a in self.pending.values() if a.stream.slot == msg.slot}
+                if older:
+                    self.deferred_resets.setdefault(msg.slot, set()).update(older)
+                else:
+                    self._reset(msg.slot)
                 continue
             assert isinstance(msg, CodecFrames)
             if msg.turn.outbox.closed:
@@ -104,12 +109,25 @@ class CodecWorker:
         first = max(1, self.first_chunk_frames, mode // 2)
         return min(mode, max(first, a.delivered))
 
+    def _reset(self, slot: int) -> None:
+        mask = torch.zeros(self.state.capacity, dtype=torch.bool, device=self.codec.device)
+        mask[slot] = True
+        self.state.reset(mask)
+
     def _ready(self) -> list[_Audio]:
+        """The turns to decode now: per slot only the oldest pending turn (a slot's turns continue one codec state in
+        order, and one decode call must not list a slot twice), when it holds enough frames or has ended."""
+        out, seen = [], set()
         for a in self.pending.values():
             if a.turn.cancelled and a.reason != FinishReason.ERROR:
                 a.buffered.clear()
                 a.final, a.reason = True, FinishReason.CANCELLED
-        return [a for a in self.pending.values() if a.final or a.n_buffered >= self._target(a)]
+            if a.stream.slot in seen:
+                continue
+            seen.add(a.stream.slot)
+            if a.final or a.n_buffered >= self._target(a):
+                out.append(a)
+        return out
 
     def _decode(self, ready: list[_Audio]) -> None:
         by_len: dict[int, list[_Audio]] = {}
@@ -145,6 +163,12 @@ class CodecWorker:
         for a in ready:
             if a.final and not a.buffered:
                 del self.pending[a.turn.id]
+                waiting = self.deferred_resets.get(a.stream.slot)
+                if waiting is not None:
+                    waiting.discard(a.turn.id)
+                    if not waiting:
+                        del self.deferred_resets[a.stream.slot]
+                        self._reset(a.stream.slot)
                 kept = (torch.cat(a.kept).T.numpy() if a.kept
                         else np.zeros((self.codec.config.num_codebooks, 0), dtype=np.int64))
                 a.turn.finish(a.reason, a.message, a.delivered, kept)
