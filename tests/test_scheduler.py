@@ -411,11 +411,17 @@ def test_prefill_padding_to_graph_buckets_changes_no_real_row(tiny: LoadedModel)
 
     eng = Engine(tiny, max_slots=4, max_ctx=256)
     runner = PrefillRunner(eng, use_graphs=False)
-    assert runner.buckets == [1, 2, 4, 8] and runner.lengths == (16, 32, 64, 128, 256)  # max_ctx 256: no 512
-    assert not runner.fits(1, 8)  # nothing captured on the CPU
-    assert runner.bucket(3, 13) == (4, 16) and runner.bucket(8, 128) == (8, 128) and runner.bucket(1, 257) is None
-    wide = PrefillRunner(Engine(tiny, max_slots=2, max_ctx=1024), use_graphs=False, max_positions=2048)
-    assert wide.bucket(8, 256) == (8, 256) and wide.bucket(5, 512) is None and wide.bucket(4, 300) == (4, 512)
+    # Items capped by the slots; lengths by the context (no 512 at max_ctx 256); one span: the whole cache.
+    assert runner.buckets == [1, 2, 4] and runner.lengths == (16, 32, 64, 128, 256) and runner.spans == [257]
+    assert not runner.fits(1, 8, 30)  # nothing captured on the CPU
+    assert runner.bucket(3, 13, 40) == (4, 16, 257) and runner.bucket(4, 128, 200) == (4, 128, 257)
+    assert runner.bucket(1, 257, 257) is None and runner.bucket(5, 16, 20) is None
+    wide = PrefillRunner(Engine(tiny, max_slots=8, max_ctx=2048), use_graphs=False, max_positions=2048)
+    assert wide.spans == [1024, 2049] and wide.bucket(8, 256, 900) == (8, 256, 1024)
+    assert wide.bucket(5, 512, 600) is None and wide.bucket(4, 300, 1500) == (4, 512, 2049)
+    assert wide.bucket(1, 600, 700) is None  # longer than the longest captured chunk
+    wide.fp8 = True  # an FP8 model: padding that would cross into the dense path runs eager
+    assert wide.bucket(3, 40, 100) is None and wide.bucket(2, 40, 100) == (2, 64, 1024)
     g = torch.Generator().manual_seed(3)
     rows = eng.rows
     # History first: slot 1 holds a 21-position prompt, slot 2 a 7-position one.
@@ -439,9 +445,11 @@ def test_prefill_padding_to_graph_buckets_changes_no_real_row(tiny: LoadedModel)
         kw, vw = eng.kv.k.clone(), eng.kv.v.clone()
         eng.kv.k.copy_(k0)
         eng.kv.v.copy_(v0)
-        pc, pp, ps = runner.pad(cols, positions, slots)
+        key = runner.bucket(B, S, kv_len)
+        assert key == (4, 16, 257)
+        pc, pp, ps = runner.pad(cols, positions, slots, 4, 16)
         assert tuple(pc.shape) == (4, rows, 16) and ps.tolist() == [1, 2, 0, eng.scratch_slot]
-        got = eng.prefill_forward(pc, pp, ps, runner.kv_len)
+        got = eng.prefill_forward(pc, pp, ps, key[2])
     for i, it in enumerate(items):
         t = it.columns.shape[1]
         assert (got[i, :t] - want[i, :t]).abs().max().item() < 1e-4, i

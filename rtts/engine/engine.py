@@ -44,9 +44,9 @@ DRAW_MAIN, DRAW_RAS = 0, 1  # draw ids 2.. are the fast codebooks
 class PrefillGraphs(Protocol):
     """What Engine.prefill_batch needs of graphs.PrefillRunner (defined there: it imports this module)."""
 
-    def fits(self, batch: int, length: int) -> bool: ...
+    def fits(self, batch: int, length: int, kv_len: int) -> bool: ...
 
-    def __call__(self, cols: torch.Tensor, positions: torch.Tensor, slots: list[int]) -> torch.Tensor: ...
+    def __call__(self, cols: torch.Tensor, positions: torch.Tensor, slots: list[int], kv_len: int) -> torch.Tensor: ...
 
 
 @dataclass
@@ -300,8 +300,8 @@ class Engine:
         dev = self.device
         slot_list = [it.slot for it in items]
         slots = torch.tensor(slot_list, device=dev)
-        if self.prefill_graphs is not None and self.trace is None and self.prefill_graphs.fits(B, S):
-            hidden = self.prefill_graphs(cols, positions, slot_list)
+        if self.prefill_graphs is not None and self.trace is None and self.prefill_graphs.fits(B, S, kv_len):
+            hidden = self.prefill_graphs(cols, positions, slot_list, kv_len)
         else:
             cols, positions = cols.to(dev, non_blocking=True), positions.to(dev, non_blocking=True)
             if self.trace is not None and B == 1:

@@ -66,6 +66,7 @@ def capture_graphs(device: torch.device, keys: Iterable[K],
                 out[key] = (g, body(key))
     torch.cuda.current_stream(device).wait_stream(side)
     torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()  # the warm-ups' blocks, cached for the side stream, would sit unused otherwise
     return out
 
 
@@ -188,35 +189,55 @@ class FrameZeroRunner:
 
 
 class PrefillRunner:
-    """A prompt chunk's forward (embedding, slow stack, K/V written) replayed from CUDA graphs: one per (items bucket
-    up to prefill_rows, chunk length of PREFILL_LENGTHS) whose padded positions fit `max_positions` (the prefill
-    thread's token budget), all attending over the whole cache (kv_len = max_ctx + 1: keys past a query's position
-    are masked, so a longer span only costs a little attention work). Eager, a 40-position forward is ~25-40 ms of
-    host time on the H200 against ~5-8 ms of kernels (bench/results/traces/README.md), on a turn's time to first audio
-    (and a voice prompt's, when the text follows the start at once). Padding follows Engine.prefill_batch: padded
-    positions sit at the spare position max_ctx of their row's slot, padded items on the scratch slot. Other shapes
-    run eager. Off unless SchedulerConfig.prefill_graphs."""
+    """A prompt chunk's forward (embedding, slow stack, K/V written) replayed from CUDA graphs: one per (items
+    bucket, chunk length of PREFILL_LENGTHS, attention span) whose padded positions fit `max_positions` (the prefill
+    thread's token budget). Eager, a 40-position forward is ~25-40 ms of host time on the H200 against ~5-8 ms of
+    kernels (bench/results/traces/README.md), on a turn's time to first audio (and a voice prompt's, when the text
+    follows the start at once). Padding follows Engine.prefill_batch: padded positions sit at the spare position
+    max_ctx of their row's slot, padded items on the scratch slot; keys past a query's position are masked, so a span
+    longer than the rows' histories changes nothing but the work (each layer gathers span positions per item: two
+    spans, 1024 and the whole cache, keep that bounded). Shapes without a graph run eager, and so do FP8 models'
+    chunks whose padding would cross kernels.FP8_DENSE_ROWS (the dense path: other numbers, more weight traffic).
+    Off unless SchedulerConfig.prefill_graphs."""
 
     def __init__(self, engine: Engine, use_graphs: bool | None = None,
                  lengths: tuple[int, ...] = PREFILL_LENGTHS, max_positions: int = 2048) -> None:
         self.engine = engine
         self.use_graphs = (engine.device.type == "cuda") if use_graphs is None else use_graphs
-        self.buckets = batch_buckets(engine.prefill_rows)
+        # Items: one chunk per stream, so never more than the slots (as FrameZeroRunner).
+        self.buckets = batch_buckets(min(engine.prefill_rows, engine.max_slots))
         self.lengths = tuple(sorted(x for x in lengths if x <= engine.max_ctx))
-        self.kv_len = engine.max_ctx + 1
-        self.keys = [(b, s) for s in self.lengths for b in self.buckets if b * s <= max(max_positions, s)]
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.capture_seconds = 0.0
+        full = engine.max_ctx + 1
+        self.spans = [1024, full] if full > 1024 else [full]
+        self.keys = [(b, s, kv) for s in self.lengths for b in self.buckets if b * s <= max(max_positions, s)
+                     for kv in self.spans if kv >= s]
+        from rtts.model.quant import FP8FeedForward, FP8Linear
 
-    def pad(self, cols: torch.Tensor, positions: torch.Tensor, slots: list[int]
+        self.fp8 = any(isinstance(m, (FP8Linear, FP8FeedForward)) for m in engine.model.modules())
+        self.graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.capture_seconds = 0.0
+        self.replays = 0
+
+    def bucket(self, batch: int, length: int, kv_len: int) -> tuple[int, int, int] | None:
+        """The captured (items, length, span) a chunk of `batch` items x `length` positions attending over kv_len
+        positions pads to, if there is one to use."""
+        if batch > self.buckets[-1] or length > self.lengths[-1] or kv_len > self.spans[-1]:
+            return None
+        b = next(x for x in self.buckets if x >= batch)
+        s = next(x for x in self.lengths if x >= length)
+        kv = next(x for x in self.spans if x >= max(kv_len, s))
+        if self.fp8 and batch * length <= kernels.FP8_DENSE_ROWS < b * s:
+            return None
+        key = (b, s, kv)
+        return key if key in self.keys else None
+
+    def pad(self, cols: torch.Tensor, positions: torch.Tensor, slots: list[int], b: int, s: int
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Host cols [B, rows, S] and positions [B, S] (prefill_batch's) -> the same padded to the buckets holding
-        them: cols [b, rows, s] zeros past S, positions [b, s] at max_ctx past S and on padded items, slots [b] (the
-        scratch slot on padded items)."""
+        """Host cols [B, rows, S] and positions [B, S] (prefill_batch's) -> the same padded to b items x s positions:
+        cols zeros past S, positions at max_ctx past S and on padded items, slots [b] (the scratch slot on padded
+        items)."""
         eng = self.engine
         B, rows, S = cols.shape
-        b = next(x for x in self.buckets if x >= B)
-        s = next(x for x in self.lengths if x >= S)
         pc = torch.zeros(b, rows, s, dtype=torch.int64)
         pc[:B, :, :S] = cols
         pp = torch.full((b, s), eng.max_ctx, dtype=torch.int64)
@@ -225,49 +246,43 @@ class PrefillRunner:
         ps[:B] = torch.tensor(slots, dtype=torch.int64)
         return pc, pp, ps
 
-    @torch.inference_mode()
     def capture(self) -> None:
-        """Warm up and capture every (bucket, length) pair on the scratch slot, then hand the replays to the engine."""
-        if not self.use_graphs or not self.lengths:
+        """Warm up and capture every key on the scratch slot, then hand the replays to the engine."""
+        if not self.use_graphs or not self.keys:
             return
         t0 = time.perf_counter()
         eng, dev, top = self.engine, self.engine.device, self.buckets[-1]
-        rows = eng.rows
-        # Static inputs, one set per length (so every graph reads a contiguous prefix of its own).
-        self.cols = {s: torch.zeros(top, rows, s, dtype=torch.int64, device=dev) for s in self.lengths}
+        # Static inputs (normal tensors: callers may copy into them outside inference mode), one set per length so
+        # every graph reads a contiguous prefix of its own.
+        self.cols = {s: torch.zeros(top, eng.rows, s, dtype=torch.int64, device=dev) for s in self.lengths}
         self.positions = {s: torch.full((top, s), eng.max_ctx, dtype=torch.int64, device=dev) for s in self.lengths}
         self.slots = torch.full((top,), eng.scratch_slot, dtype=torch.int64, device=dev)
 
-        def body(key: tuple[int, int]) -> torch.Tensor:
-            b, s = key
-            return eng.prefill_forward(self.cols[s][:b], self.positions[s][:b], self.slots[:b], self.kv_len)
+        def body(key: tuple[int, int, int]) -> torch.Tensor:
+            b, s, kv = key
+            return eng.prefill_forward(self.cols[s][:b], self.positions[s][:b], self.slots[:b], kv)
 
-        keys = sorted(self.keys, key=lambda k: -k[0] * k[1])  # largest first: the shared pool is sized once
-        with kernels.graph_scratch(PREFILL_FAMILY):
+        keys = sorted(self.keys, key=lambda k: (-k[0] * k[1], -k[2]))  # largest first: the shared pool is sized once
+        with torch.inference_mode(), kernels.graph_scratch(PREFILL_FAMILY):
             kernels.reserve_graph_scratch(dev)
             self.graphs = capture_graphs(dev, keys, body)
         eng.prefill_graphs = self
         self.capture_seconds = time.perf_counter() - t0
 
-    def bucket(self, batch: int, length: int) -> tuple[int, int] | None:
-        """The captured (items, length) pair a chunk of `batch` items x `length` positions pads to, if any."""
-        if batch > self.buckets[-1] or length > self.lengths[-1]:
-            return None
-        key = (next(x for x in self.buckets if x >= batch), next(x for x in self.lengths if x >= length))
-        return key if key in self.keys else None
+    def fits(self, batch: int, length: int, kv_len: int) -> bool:
+        return bool(self.graphs) and self.bucket(batch, length, kv_len) is not None
 
-    def fits(self, batch: int, length: int) -> bool:
-        return bool(self.graphs) and self.bucket(batch, length) is not None
-
-    def __call__(self, cols: torch.Tensor, positions: torch.Tensor, slots: list[int]) -> torch.Tensor:
+    def __call__(self, cols: torch.Tensor, positions: torch.Tensor, slots: list[int], kv_len: int) -> torch.Tensor:
         """Replay the chunk's bucket on the current stream -> hidden [B, s, dim] (s >= S: the padded length), a view
-        of the graph's output, valid until its next replay."""
-        pc, pp, ps = self.pad(cols, positions, slots)
-        b, s = pp.shape
+        of the graph's output, valid until its next replay (prefill_batch gathers the rows it samples at once)."""
+        key = self.bucket(cols.shape[0], cols.shape[2], kv_len)
+        assert key is not None, "call fits() first"
+        b, s, _ = key
+        pc, pp, ps = self.pad(cols, positions, slots, b, s)
         self.cols[s][:b].copy_(pc, non_blocking=True)
         self.positions[s][:b].copy_(pp, non_blocking=True)
         self.slots[:b].copy_(ps, non_blocking=True)
-        g, hidden = self.graphs[(b, s)]
+        g, hidden = self.graphs[key]
         g.replay()
+        self.replays += 1
         return hidden[: cols.shape[0]]
-
