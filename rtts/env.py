@@ -10,14 +10,14 @@ def _flag(name: str) -> bool:
 
 
 def codec_graphs() -> bool:
-    """RTTS_CODEC_GRAPHS=1: `rtts serve` decodes audio chunks from CUDA graphs (pingpong/codec_graphs.py; off by
-    default until measured on a GPU)."""
+    """RTTS_CODEC_GRAPHS=1: `rtts serve` decodes audio chunks from CUDA graphs (the default of --codec-graphs;
+    pingpong/codec_graphs.py; off by default until measured on a GPU)."""
     return _flag("RTTS_CODEC_GRAPHS")
 
 
 def prefill_graphs() -> bool:
-    """RTTS_PREFILL_GRAPHS=1: `rtts serve` replays turn-sized prompt chunks' forward from CUDA graphs
-    (engine/graphs.PrefillRunner; off by default until measured on a GPU)."""
+    """RTTS_PREFILL_GRAPHS=1: `rtts serve` replays prompt chunks' forward from CUDA graphs (the default of
+    --prefill-graphs; engine/graphs.PrefillRunner; off by default until measured on a GPU)."""
     return _flag("RTTS_PREFILL_GRAPHS")
 
 

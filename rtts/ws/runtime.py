@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rtts import env
 from rtts.audio.io import AudioError, read_audio
 from rtts.engine.engine import Engine
 from rtts.model.codec import Codec, load_codec
@@ -44,6 +43,8 @@ class ServerConfig:
     # Once started, keep everything the process holds out of the cyclic garbage collector (freeze_startup_objects).
     # A process-wide setting: `rtts serve` turns it on; tests that build several runtimes in one process leave it off.
     freeze_gc: bool = False
+    codec_graphs: bool = False  # audio chunks decoded from CUDA graphs (SchedulerConfig.codec_graphs)
+    prefill_graphs: bool = False  # prompt chunks replayed from CUDA graphs (SchedulerConfig.prefill_graphs)
 
 
 class Runtime:
@@ -66,8 +67,8 @@ class Runtime:
         self.loaded, self.codec = loaded, codec
         self.model_format = loaded.config.format
         self.engine = Engine(loaded, max_slots=config.max_running, max_ctx=config.max_ctx)
-        sched = SchedulerConfig(cuda_graphs=config.cuda_graphs, codec_graphs=env.codec_graphs(),
-                                prefill_graphs=env.prefill_graphs())
+        sched = SchedulerConfig(cuda_graphs=config.cuda_graphs, codec_graphs=config.codec_graphs,
+                                prefill_graphs=config.prefill_graphs)
         self.scheduler = Scheduler(self.engine, codec, sched)
         self.voices = VoiceStore(config.voices_dir, self.encode_reference)
         self.metrics = Metrics(self)
