@@ -14,7 +14,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 RTTS_GOLDEN_DIR=${RTTS_GOLDEN_DIR:-$PWD/.golden} RTTS_HOME=/tmp/rh
 for step in "$@"; do
   case $step in
-    tests) timeout 240 python3 -m pytest -q -m gpu tests/test_kernels.py tests/test_layer_kernels.py tests/test_dequant.py tests/test_gpu.py tests/test_quant.py \
+    tests) timeout 360 python3 -m pytest -q -m gpu tests/test_kernels.py tests/test_layer_kernels.py tests/test_dequant.py tests/test_gpu.py tests/test_quant.py \
              -p no:cacheprovider --tb=short 2>&1 | tail -25 ;;
     kernels) timeout 300 python3 -m rtts.bench kernels --out "$OUT" ${KERNEL_ARGS:-} 2>&1 | tail -40 ;;
     sched) timeout 200 python3 -m rtts.bench scheduler --preset s2-pro --concurrency ${SCHED_CONC:-1,4,16,64} --codec none \
