@@ -146,22 +146,20 @@ def test_prefill_graphs_equal_the_eager_forward(golden: Path) -> None:
         eng.prefill_batch([PrefillItem(slot, torch.randint(0, 100, (eng.rows, n), generator=g))])
     runner = PrefillRunner(eng, use_graphs=True)
     runner.capture()
-    assert eng.prefill_graphs is runner and runner.fits(3, 13, 40) and not runner.fits(3, 257, 257)
+    assert eng.prefill_graphs is runner and runner.bucket(3, 13, 40) is not None and runner.bucket(3, 257, 257) is None
     lengths = {1: 13, 2: 5, 0: 9}
-    cols = torch.zeros(3, eng.rows, 13, dtype=torch.int64)
-    positions = torch.full((3, 13), eng.max_ctx, dtype=torch.int64)
-    for i, (slot, t) in enumerate(lengths.items()):
-        cols[i, :, :t] = torch.randint(0, 100, (eng.rows, t), generator=g)
-        positions[i, :t] = torch.arange(eng.host_pos[slot], eng.host_pos[slot] + t)
-    slots = list(lengths)
+    items = [PrefillItem(slot, torch.randint(0, 100, (eng.rows, t), generator=g)) for slot, t in lengths.items()]
     kv_len = max(eng.host_pos[s] + t for s, t in lengths.items())
+    key = runner.bucket(3, 13, kv_len)
+    assert key is not None
+    cols, positions, slots = eng.pack_prefill(items, 3, 13)
     with torch.inference_mode():
         k0, v0 = eng.kv.k.clone(), eng.kv.v.clone()
-        want = eng.prefill_forward(cols.cuda(), positions.cuda(), torch.tensor(slots, device="cuda"), kv_len)
+        want = eng.prefill_forward(cols.cuda(), positions.cuda(), slots.cuda(), kv_len)
         kw, vw = eng.kv.k.clone(), eng.kv.v.clone()
         eng.kv.k.copy_(k0)
         eng.kv.v.copy_(v0)
-        got = runner(cols, positions, slots, kv_len)
+        got = runner(*eng.pack_prefill(items, *key[:2]), key)
         torch.cuda.synchronize()
     assert runner.replays == 1
     # Slot 3 took no part: its cache rows are as they were (the padded item wrote the scratch slot's).

@@ -413,7 +413,7 @@ def test_prefill_padding_to_graph_buckets_changes_no_real_row(tiny: LoadedModel)
     runner = PrefillRunner(eng, use_graphs=False)
     # Items capped by the slots; lengths by the context (no 512 at max_ctx 256); one span: the whole cache.
     assert runner.buckets == [1, 2, 4] and runner.lengths == (16, 32, 64, 128, 256) and runner.spans == [257]
-    assert not runner.fits(1, 8, 30)  # nothing captured on the CPU
+    assert eng.prefill_graphs is None  # nothing captured on the CPU: prefill_batch never asks the runner
     assert runner.bucket(3, 13, 40) == (4, 16, 257) and runner.bucket(4, 128, 200) == (4, 128, 257)
     assert runner.bucket(1, 257, 257) is None and runner.bucket(5, 16, 20) is None
     wide = PrefillRunner(Engine(tiny, max_slots=8, max_ctx=2048), use_graphs=False, max_positions=2048)
@@ -447,8 +447,9 @@ def test_prefill_padding_to_graph_buckets_changes_no_real_row(tiny: LoadedModel)
         eng.kv.v.copy_(v0)
         key = runner.bucket(B, S, kv_len)
         assert key == (4, 16, 257)
-        pc, pp, ps = runner.pad(cols, positions, slots, 4, 16)
+        pc, pp, ps = eng.pack_prefill(items, 4, 16)
         assert tuple(pc.shape) == (4, rows, 16) and ps.tolist() == [1, 2, 0, eng.scratch_slot]
+        assert torch.equal(pc[:B, :, :S], cols) and torch.equal(pp[:B, :S], positions)
         got = eng.prefill_forward(pc, pp, ps, key[2])
     for i, it in enumerate(items):
         t = it.columns.shape[1]

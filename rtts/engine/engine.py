@@ -44,9 +44,10 @@ DRAW_MAIN, DRAW_RAS = 0, 1  # draw ids 2.. are the fast codebooks
 class PrefillGraphs(Protocol):
     """What Engine.prefill_batch needs of graphs.PrefillRunner (defined there: it imports this module)."""
 
-    def fits(self, batch: int, length: int, kv_len: int) -> bool: ...
+    def bucket(self, batch: int, length: int, kv_len: int) -> tuple[int, int, int] | None: ...
 
-    def __call__(self, cols: torch.Tensor, positions: torch.Tensor, slots: list[int], kv_len: int) -> torch.Tensor: ...
+    def __call__(self, cols: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                 key: tuple[int, int, int]) -> torch.Tensor: ...
 
 
 @dataclass
@@ -290,22 +291,16 @@ class Engine:
             self.check_room(it.slot, it.columns.shape[1], it.sample)
         lengths = [it.columns.shape[1] for it in items]
         B, S = len(items), max(lengths)
-        cols = torch.zeros(B, self.rows, S, dtype=torch.int64)
-        positions = torch.full((B, S), self.max_ctx, dtype=torch.int64)
-        for i, it in enumerate(items):
-            p0, t = self.host_pos[it.slot], lengths[i]
-            cols[i, :, :t] = it.columns
-            positions[i, :t] = torch.arange(p0, p0 + t)
         kv_len = max(self.host_pos[it.slot] + t for it, t in zip(items, lengths))
         dev = self.device
-        slot_list = [it.slot for it in items]
-        slots = torch.tensor(slot_list, device=dev)
-        if self.prefill_graphs is not None and self.trace is None and self.prefill_graphs.fits(B, S, kv_len):
-            hidden = self.prefill_graphs(cols, positions, slot_list, kv_len)
+        graphs = self.prefill_graphs if self.trace is None else None
+        key = graphs.bucket(B, S, kv_len) if graphs is not None else None
+        cols, positions, slots = self.pack_prefill(items, *(key[:2] if key else (B, S)))
+        if graphs is not None and key is not None:  # padded to the graph's shape by pack_prefill
+            hidden = graphs(cols, positions, slots, key)[:B]
+            slots = slots[:B].to(dev)
         else:
-            cols, positions = cols.to(dev, non_blocking=True), positions.to(dev, non_blocking=True)
-            if self.trace is not None and B == 1:
-                self.trace("embeddings", self.model.embed(cols)[0])
+            cols, positions, slots = (t.to(dev, non_blocking=True) for t in (cols, positions, slots))
             hidden = self.prefill_forward(cols, positions, slots, kv_len)
         for it, t in zip(items, lengths):
             self.host_pos[it.slot] += t
@@ -319,12 +314,29 @@ class Engine:
             return self.frame_zero_graphs(hidden[rows, last], slots[rows])
         return self.frame_zero(hidden[rows, last], slots[rows])
 
+    def pack_prefill(self, items: list[PrefillItem], batch: int, length: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Host cols [batch, rows, length], positions [batch, length] and slots [batch] (int64) of the items' next
+        prompt pieces, padded: padding tokens at the spare position `max_ctx` of their row's slot (their K/V land
+        where no real query reads), padded items on the scratch slot."""
+        cols = torch.zeros(batch, self.rows, length, dtype=torch.int64)
+        positions = torch.full((batch, length), self.max_ctx, dtype=torch.int64)
+        slots = torch.full((batch,), self.scratch_slot, dtype=torch.int64)
+        for i, it in enumerate(items):
+            p0, t = self.host_pos[it.slot], it.columns.shape[1]
+            cols[i, :, :t] = it.columns
+            positions[i, :t] = torch.arange(p0, p0 + t)
+            slots[i] = it.slot
+        return cols, positions, slots
+
     def prefill_forward(self, cols: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                         kv_len: int) -> torch.Tensor:
         """Graph-safe body of a prompt chunk's forward: cols [B, rows, S], positions [B, S] (padding at max_ctx),
         slots [B], all on the device -> pre-norm hidden [B, S, dim]; the K/V of every position are written.
         A kv_len beyond the rows' histories changes nothing: keys past a query's position are masked."""
         x = self.model.embed(cols)
+        if self.trace is not None and x.shape[0] == 1:
+            self.trace("embeddings", x[0])
         return self.model.forward_slow(x, self.rope[positions], self.kv.k, self.kv.v, slots, positions, kv_len)
 
     def frame_zero(self, hidden: torch.Tensor, slots: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:

@@ -17,7 +17,7 @@ their own FP8 split-tile scratch (kernels.graph_scratch(PREFILL_FAMILY)).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -31,6 +31,14 @@ def batch_buckets(max_batch: int) -> list[int]:
     """1, 2, 4, 8, then every 8 up to max_batch (mini-sglang's choice), always including max_batch."""
     out = [b for b in (1, 2, 4) if b < max_batch] + list(range(8, max_batch, 8))
     return sorted(set(out + [max_batch]))
+
+
+def bucket_for(buckets: Sequence[int], n: int) -> int:
+    """The smallest of the ascending `buckets` holding n; ValueError if none does."""
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
 
 
 def kv_buckets(max_len: int, smallest: int = 256) -> list[int]:
@@ -97,16 +105,12 @@ class DecodeRunner:
         self.capture_seconds = 0.0
 
     def bucket_for(self, n: int) -> int:
-        for b in self.buckets:
-            if b >= n:
-                return b
-        raise ValueError(f"batch of {n} exceeds max_running {self.buckets[-1]}")
+        if n > self.buckets[-1]:
+            raise ValueError(f"batch of {n} exceeds max_running {self.buckets[-1]}")
+        return bucket_for(self.buckets, n)
 
     def kv_bucket_for(self, kv_len: int) -> int:
-        for b in self.kv_buckets:
-            if b >= kv_len:
-                return b
-        return self.kv_buckets[-1]
+        return bucket_for(self.kv_buckets, min(kv_len, self.kv_buckets[-1]))
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -177,7 +181,7 @@ class FrameZeroRunner:
         """Frame 0 of len(slots) turns on the current stream -> columns [n, rows] (a copy: the graph's output
         buffer is reused by the next replay)."""
         n = hidden.shape[0]
-        b = next(x for x in self.buckets if x >= n)
+        b = bucket_for(self.buckets, n)
         self.hidden[:n].copy_(hidden)
         self.slots[:n].copy_(slots)
         self.slots[n:b].fill_(self.engine.scratch_slot)
@@ -220,31 +224,17 @@ class PrefillRunner:
 
     def bucket(self, batch: int, length: int, kv_len: int) -> tuple[int, int, int] | None:
         """The captured (items, length, span) a chunk of `batch` items x `length` positions attending over kv_len
-        positions pads to, if there is one to use."""
+        positions replays (Engine.pack_prefill pads it to that shape), or None: run it eager. The engine asks only
+        once capture() has handed it the runner."""
         if batch > self.buckets[-1] or length > self.lengths[-1] or kv_len > self.spans[-1]:
             return None
-        b = next(x for x in self.buckets if x >= batch)
-        s = next(x for x in self.lengths if x >= length)
-        kv = next(x for x in self.spans if x >= max(kv_len, s))
+        b = bucket_for(self.buckets, batch)
+        s = bucket_for(self.lengths, length)
+        kv = bucket_for(self.spans, max(kv_len, s))
         if self.fp8 and batch * length <= kernels.FP8_DENSE_ROWS < b * s:
             return None
         key = (b, s, kv)
         return key if key in self.keys else None
-
-    def pad(self, cols: torch.Tensor, positions: torch.Tensor, slots: list[int], b: int, s: int
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Host cols [B, rows, S] and positions [B, S] (prefill_batch's) -> the same padded to b items x s positions:
-        cols zeros past S, positions at max_ctx past S and on padded items, slots [b] (the scratch slot on padded
-        items)."""
-        eng = self.engine
-        B, rows, S = cols.shape
-        pc = torch.zeros(b, rows, s, dtype=torch.int64)
-        pc[:B, :, :S] = cols
-        pp = torch.full((b, s), eng.max_ctx, dtype=torch.int64)
-        pp[:B, :S] = positions
-        ps = torch.full((b,), eng.scratch_slot, dtype=torch.int64)
-        ps[:B] = torch.tensor(slots, dtype=torch.int64)
-        return pc, pp, ps
 
     def capture(self) -> None:
         """Warm up and capture every key on the scratch slot, then hand the replays to the engine."""
@@ -269,20 +259,16 @@ class PrefillRunner:
         eng.prefill_graphs = self
         self.capture_seconds = time.perf_counter() - t0
 
-    def fits(self, batch: int, length: int, kv_len: int) -> bool:
-        return bool(self.graphs) and self.bucket(batch, length, kv_len) is not None
-
-    def __call__(self, cols: torch.Tensor, positions: torch.Tensor, slots: list[int], kv_len: int) -> torch.Tensor:
-        """Replay the chunk's bucket on the current stream -> hidden [B, s, dim] (s >= S: the padded length), a view
-        of the graph's output, valid until its next replay (prefill_batch gathers the rows it samples at once)."""
-        key = self.bucket(cols.shape[0], cols.shape[2], kv_len)
-        assert key is not None, "call fits() first"
+    def __call__(self, cols: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                 key: tuple[int, int, int]) -> torch.Tensor:
+        """Replay `key` (from bucket()) over host cols [b, rows, s], positions [b, s] and slots [b] padded to its
+        shape, on the current stream -> hidden [b, s, dim], a view of the graph's output, valid until its next
+        replay (prefill_batch gathers the rows it samples at once)."""
         b, s, _ = key
-        pc, pp, ps = self.pad(cols, positions, slots, b, s)
-        self.cols[s][:b].copy_(pc, non_blocking=True)
-        self.positions[s][:b].copy_(pp, non_blocking=True)
-        self.slots[:b].copy_(ps, non_blocking=True)
+        self.cols[s][:b].copy_(cols, non_blocking=True)
+        self.positions[s][:b].copy_(positions, non_blocking=True)
+        self.slots[:b].copy_(slots, non_blocking=True)
         g, hidden = self.graphs[key]
         g.replay()
         self.replays += 1
-        return hidden[: cols.shape[0]]
+        return hidden

@@ -13,11 +13,12 @@ Without graphs (CPU, or turned off) `decode` is the codec's decode_stream itself
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
-from rtts.engine.graphs import batch_buckets, capture_graphs
+from rtts.engine.graphs import batch_buckets, bucket_for, capture_graphs
 from rtts.model.codec import Codec
 from rtts.model.codec_stream import CodecStreamState
 
@@ -60,8 +61,6 @@ class CodecGraphRunner:
         stream is current (the codec thread's)."""
         if not self.use_graphs:
             return
-        import time
-
         t0 = time.perf_counter()
         dev, ncb = self.codec.device, self.codec.config.num_codebooks
         top = self.buckets[-1]
@@ -86,7 +85,7 @@ class CodecGraphRunner:
         B, n = codes.shape[0], codes.shape[-1]
         if not self.graphs or B > self.buckets[-1]:
             return self.codec.decode_stream(codes, self.state, slots)
-        b = next(x for x in self.buckets if x >= B)
+        b = bucket_for(self.buckets, B)
         self.slots[:B].copy_(slots)
         self.slots[B:b].fill_(self.scratch)
         parts, i = [], 0
