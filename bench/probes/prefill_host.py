@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from prefill_time import text_columns
 
 from rtts.engine.engine import Engine, PrefillItem
 from rtts.model.random_checkpoint import random_model
@@ -70,10 +71,7 @@ def main() -> None:
 
     dev = torch.device("cuda")
     lm, _ = random_model("s2-pro", dev, torch.bfloat16)
-    rows = lm.config.num_codebooks + 1
-    cols = torch.zeros(rows, 40, dtype=torch.int64)
-    cols[0] = torch.randint(0, 1000, (40,), generator=torch.Generator().manual_seed(0))
-    items = [PrefillItem(0, cols)]
+    items = [PrefillItem(0, text_columns(lm.config.num_codebooks + 1, 40, torch.Generator().manual_seed(0)))]
     res: dict[str, Any] = {}
     eng = Engine(lm, max_slots=8, max_ctx=1024, prefill_chunk=512)
     res["bf16"] = profile(eng, items, "bf16 1 x 40")

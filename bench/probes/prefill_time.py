@@ -60,6 +60,13 @@ def profile_prefill(eng: Engine, items: list[PrefillItem], name: str, out: Path)
     return {"wall_ms": wall, "gpu_kernel_ms": gpu}
 
 
+def text_columns(rows: int, n: int, gen: torch.Generator) -> torch.Tensor:
+    """A prompt piece of n random text tokens (codebook rows zero): [rows, n] int64 (also prefill_host.py's)."""
+    c = torch.zeros(rows, n, dtype=torch.int64)
+    c[0] = torch.randint(0, 1000, (n,), generator=gen)
+    return c
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -69,9 +76,7 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
 
     def cols(n: int) -> torch.Tensor:
-        c = torch.zeros(rows, n, dtype=torch.int64)
-        c[0] = torch.randint(0, 1000, (n,), generator=gen)
-        return c
+        return text_columns(rows, n, gen)
 
     cases = {f"1 x {n}": [PrefillItem(0, cols(n))] for n in (40, 128, 320, 512)}
     cases["8 x 40"] = [PrefillItem(i, cols(40)) for i in range(8)]
