@@ -25,6 +25,7 @@ import torch
 
 from rtts import kernels
 from rtts.engine.engine import Engine
+from rtts.model.quant import FP8FeedForward, FP8Linear
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -215,8 +216,6 @@ class PrefillRunner:
         self.spans = [1024, full] if full > 1024 else [full]
         self.keys = [(b, s, kv) for s in self.lengths for b in self.buckets if b * s <= max(max_positions, s)
                      for kv in self.spans if kv >= s]
-        from rtts.model.quant import FP8FeedForward, FP8Linear
-
         self.fp8 = any(isinstance(m, (FP8Linear, FP8FeedForward)) for m in engine.model.modules())
         self.graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_seconds = 0.0

@@ -642,8 +642,7 @@ def warmup(device: torch.device) -> None:
             for kind in ("", "fused_"):
                 _jit.set_dynamic_smem(_jit.function("decode_attention.cu", f"decode_attention_{kind}{d}_{g}"),
                                       attention_smem_bytes(d))
-            _jit.set_dynamic_smem(_jit.function("decode_attention.cu", f"decode_attention_merge_{d}_{g}"),
-                                  2 * _ATT_MAX_SPLITS * g * 4)
+            _jit.function("decode_attention.cu", f"decode_attention_merge_{d}_{g}")  # <= 16 KB: the default limit
     _jit.function("token_window.cu", "token_window_shift")
     from rtts.kernels import draw, norm_rope
 
