@@ -3,8 +3,8 @@
 # Usage on the GPU machine, from the repository root:
 #   bench/run_h200.sh OUT_DIR [tests] [kernels] [layer] [sched] [fp8] [profile] [prefill] [pkernels] [codec] [pgraphs]
 #                     [ttfa]
-# (SCHED_CONC=1,16,64 picks the scheduler concurrencies, KERNEL_ARGS extra kernel-bench flags; RTTS_CODEC_GRAPHS=1 /
-# RTTS_PREFILL_GRAPHS=1 serve the ttfa step from codec / turn-prefill CUDA graphs, TTFA_NAME names its report)
+# (SCHED_CONC=1,16,64 picks the scheduler concurrencies, KERNEL_ARGS extra kernel-bench flags; RTTS_CODEC_GRAPHS=0 /
+# RTTS_PREFILL_GRAPHS=0 serve the ttfa step without codec / turn-prefill CUDA graphs, TTFA_NAME names its report)
 # Python packages the image lacks travel as wheels in .whl/ (see the device tool's README).
 # Pass RTTS_COMMIT=<sha> from the machine that sent the tree: the copy on the GPU machine may carry a stale .git.
 set -u
@@ -26,13 +26,13 @@ for step in "$@"; do
     prefill) timeout 200 python3 bench/probes/prefill_time.py "$OUT" --profile > "$OUT/prefill-time.log" 2>&1
              grep -E "^(1 x|8 x|fresh|profile)" "$OUT/prefill-time.log" ;;
     pkernels) timeout 150 python3 -m rtts.bench kernels --sections prefill --out "$OUT" 2>&1 | grep "^|" ;;
-    codec) for g in "" --codec-graphs; do  # the real codec's first-audio cost, eager and from CUDA graphs
+    codec) for g in --no-codec-graphs --codec-graphs; do  # the real codec's first-audio cost, eager and from CUDA graphs
              timeout 200 python3 -m rtts.bench scheduler --preset s2-pro --codec real --codec-concurrency 1,16 $g \
-               --seconds 5 --warmup 1.5 --out "$OUT/codec${g:+-graphs}" 2>&1 | grep -v "^Point" | tail -4
+               --seconds 5 --warmup 1.5 --out "$OUT/codec$g" 2>&1 | grep -v "^Point" | tail -4
            done ;;
-    pgraphs) for f in "" --fp8; do  # turn first audio with the turn prefills from CUDA graphs (bf16, then FP8)
+    pgraphs) for f in "" --fp8; do  # turn first audio with the turn prefills eager (the default replays CUDA graphs)
                timeout 200 python3 -m rtts.bench scheduler --preset s2-pro --concurrency 1,16 --codec none $f \
-                 --prefill-graphs --seconds 5 --warmup 1.5 --out "$OUT/pgraphs${f}" 2>&1 | grep -v "^Point" | tail -4
+                 --no-prefill-graphs --seconds 5 --warmup 1.5 --out "$OUT/eager-prefill${f}" 2>&1 | grep -v "^Point" | tail -4
              done ;;
     ttfa)
       python3 -m rtts serve --random-preset s2-pro --device cuda --max-running 16 --max-ctx 2048 --port 8090 \

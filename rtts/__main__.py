@@ -46,10 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--voices-dir", help="stored voices (default: $RTTS_HOME/voices)")
     v.add_argument("--max-reference-seconds", type=float, default=60.0)
     v.add_argument("--no-cuda-graphs", action="store_true")
-    v.add_argument("--codec-graphs", action="store_true", default=env.codec_graphs(),
-                   help="decode audio chunks from CUDA graphs too (default: $RTTS_CODEC_GRAPHS; not yet measured)")
-    v.add_argument("--prefill-graphs", action="store_true", default=env.prefill_graphs(),
-                   help="replay prompt chunks from CUDA graphs (default: $RTTS_PREFILL_GRAPHS; not yet measured)")
+    v.add_argument("--codec-graphs", action=argparse.BooleanOptionalAction, default=env.codec_graphs(),
+                   help="decode audio chunks from CUDA graphs (default: on unless RTTS_CODEC_GRAPHS=0; CUDA only)")
+    v.add_argument("--prefill-graphs", action=argparse.BooleanOptionalAction, default=env.prefill_graphs(),
+                   help="replay prompt chunks from CUDA graphs (default: on unless RTTS_PREFILL_GRAPHS=0; CUDA only)")
     v.add_argument("--random-preset", choices=["s2-pro", "s1-mini", "tiny"],
                    help="benchmarking: serve random weights of a preset built in memory (no checkpoint)")
     v.add_argument("--fp8", action="store_true", help="with --random-preset: quantize the linears to block FP8")

@@ -1,6 +1,6 @@
 """Where a turn's time to first audio goes inside the scheduler (random weights): a probe, not a benchmark.
 
-    python bench/probes/turn_latency.py OUT [--preset s2-pro] [--fp8] [--concurrency 1,16] [--prefill-graphs]
+    python bench/probes/turn_latency.py OUT [--preset s2-pro] [--fp8] [--concurrency 1,16] [--no-prefill-graphs]
 
 Runs the scheduler bench's measurement (rtts.bench.scheduler.measure, codec none) and stamps, per turn: speak ->
 the prefill thread's batch start -> the batch's forward done -> frame 0 handed to the codec stage -> first audio
@@ -32,7 +32,8 @@ def main() -> None:
     p.add_argument("--fp8", action="store_true")
     p.add_argument("--concurrency", default="1,16")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--prefill-graphs", action="store_true", help="turn prefills from CUDA graphs (PrefillRunner)")
+    p.add_argument("--prefill-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="turn prefills from CUDA graphs (PrefillRunner), as `rtts serve` does")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -179,6 +179,25 @@ def measure(sch: Scheduler, c: int, codec_name: str, warmup: float, seconds: flo
     )
 
 
+def table(points: list[Point]) -> list[str]:
+    """The readable table of a run's points (also rebuilds a result's .md from its JSON: Point(**row))."""
+    base = next((pt.decode_frames_per_s for pt in points if pt.concurrency == 1 and pt.codec == "none"), None)
+    rows = ["| codec | c | decode frames/s | delivered frames/s | per-stream frames/s (mean / min) | RTF/stream "
+            "| steps/s | GPU step ms | GPU gap ms | GPU idle | vs c=1 | turn ends (frames/turn) "
+            "| turn first audio ms p50 / max |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for pt in points:
+        ratio = f"{pt.decode_frames_per_s / base:.1f}x" if base else "-"
+        rows.append(f"| {pt.codec} | {pt.concurrency} | {pt.decode_frames_per_s:.0f} | {pt.delivered_frames_per_s:.0f} "
+                    f"| {pt.per_stream_frames_per_s_mean:.1f} / {pt.per_stream_frames_per_s_min:.1f} "
+                    f"| {pt.realtime_factor_per_stream:.2f} | {pt.steps_per_s:.0f} | {pt.gpu_step_ms:.2f} "
+                    f"| {pt.gpu_gap_ms:.3f} | {100 * pt.gpu_idle_share:.1f}% | {ratio} "
+                    f"| {' '.join(f'{k} {v}' for k, v in sorted(pt.turn_ends.items())) or '-'} "
+                    f"({pt.mean_frames_per_turn:.0f}) "
+                    f"| {pt.turn_first_audio_ms_p50:.0f} / {pt.turn_first_audio_ms_max:.0f} |")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m rtts.bench scheduler")
     p.add_argument("--preset", default="s2-pro", choices=["s2-pro", "s1-mini", "tiny"])
@@ -193,8 +212,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--seconds", type=float, default=6.0)
     p.add_argument("--no-graphs", action="store_true")
-    p.add_argument("--codec-graphs", action="store_true", help="the real codec's chunk decodes from CUDA graphs")
-    p.add_argument("--prefill-graphs", action="store_true", help="turn-sized prompt chunks from CUDA graphs")
+    p.add_argument("--codec-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="the real codec's chunk decodes from CUDA graphs (as `rtts serve` does)")
+    p.add_argument("--prefill-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="turn-sized prompt chunks from CUDA graphs (as `rtts serve` does)")
     p.add_argument("--fp8", action="store_true", help="block-scaled FP8 transformer linears (rtts quantize format)")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args(argv)
@@ -235,20 +256,7 @@ def main(argv: list[str] | None = None) -> None:
             points.append(pt)
         sch.stop()
         gc.unfreeze()
-    base = next((pt.decode_frames_per_s for pt in points if pt.concurrency == 1 and pt.codec == "none"), None)
-    rows = ["| codec | c | decode frames/s | delivered frames/s | per-stream frames/s (mean / min) | RTF/stream "
-            "| steps/s | GPU step ms | GPU gap ms | GPU idle | vs c=1 | turn ends (frames/turn) "
-            "| turn first audio ms p50 / max |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for pt in points:
-        ratio = f"{pt.decode_frames_per_s / base:.1f}x" if base else "-"
-        rows.append(f"| {pt.codec} | {pt.concurrency} | {pt.decode_frames_per_s:.0f} | {pt.delivered_frames_per_s:.0f} "
-                    f"| {pt.per_stream_frames_per_s_mean:.1f} / {pt.per_stream_frames_per_s_min:.1f} "
-                    f"| {pt.realtime_factor_per_stream:.2f} | {pt.steps_per_s:.0f} | {pt.gpu_step_ms:.2f} "
-                    f"| {pt.gpu_gap_ms:.3f} | {100 * pt.gpu_idle_share:.1f}% | {ratio} "
-                    f"| {' '.join(f'{k} {v}' for k, v in sorted(pt.turn_ends.items())) or '-'} "
-                    f"({pt.mean_frames_per_turn:.0f}) "
-                    f"| {pt.turn_first_audio_ms_p50:.0f} / {pt.turn_first_audio_ms_max:.0f} |")
+    rows = table(points)
     data = {
         "env": environment(),
         "config": {k: v for k, v in vars(args).items()},

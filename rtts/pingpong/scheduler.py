@@ -35,10 +35,10 @@ class SchedulerConfig:
     first_chunk_frames: int = 1
     max_buffer_seconds: float = 120.0  # audio a turn may hold unread before it is ended
     cuda_graphs: bool = True
-    # The codec thread's decode from CUDA graphs too (pingpong/codec_graphs.py). Off until measured on a GPU.
-    codec_graphs: bool = False
-    # Turn-sized prompt chunks' forward from CUDA graphs (engine/graphs.PrefillRunner). Off until measured on a GPU.
-    prefill_graphs: bool = False
+    # The codec thread's decode from CUDA graphs too (pingpong/codec_graphs.py): with cuda_graphs, on a CUDA device.
+    codec_graphs: bool = True
+    # Turn-sized prompt chunks' forward from CUDA graphs (engine/graphs.PrefillRunner): with cuda_graphs, on CUDA.
+    prefill_graphs: bool = True
 
 
 class Scheduler:

@@ -43,8 +43,8 @@ class ServerConfig:
     # Once started, keep everything the process holds out of the cyclic garbage collector (freeze_startup_objects).
     # A process-wide setting: `rtts serve` turns it on; tests that build several runtimes in one process leave it off.
     freeze_gc: bool = False
-    codec_graphs: bool = False  # audio chunks decoded from CUDA graphs (SchedulerConfig.codec_graphs)
-    prefill_graphs: bool = False  # prompt chunks replayed from CUDA graphs (SchedulerConfig.prefill_graphs)
+    codec_graphs: bool = True  # audio chunks decoded from CUDA graphs (SchedulerConfig.codec_graphs)
+    prefill_graphs: bool = True  # prompt chunks replayed from CUDA graphs (SchedulerConfig.prefill_graphs)
 
 
 class Runtime:
