@@ -4,7 +4,8 @@
 #   bench/run_h200.sh OUT_DIR [tests] [kernels] [layer] [sched] [fp8] [profile] [prefill] [pkernels] [codec] [pgraphs]
 #                     [ttfa]
 # (SCHED_CONC=1,16,64 picks the scheduler concurrencies, KERNEL_ARGS extra kernel-bench flags; RTTS_CODEC_GRAPHS=0 /
-# RTTS_PREFILL_GRAPHS=0 serve the ttfa step without codec / turn-prefill CUDA graphs, TTFA_NAME names its report)
+# RTTS_PREFILL_GRAPHS=0 serve the ttfa step without codec / turn-prefill CUDA graphs, TTFA_NAME names its report,
+# TTFA_CONC / TTFA_MAX_RUNNING its concurrencies and server slots; CODEC_MODES / CODEC_CONC the codec step's runs)
 # Python packages the image lacks travel as wheels in .whl/ (see the device tool's README).
 # Pass RTTS_COMMIT=<sha> from the machine that sent the tree: the copy on the GPU machine may carry a stale .git.
 set -u
@@ -26,8 +27,8 @@ for step in "$@"; do
     prefill) timeout 200 python3 bench/probes/prefill_time.py "$OUT" --profile > "$OUT/prefill-time.log" 2>&1
              grep -E "^(1 x|8 x|fresh|profile)" "$OUT/prefill-time.log" ;;
     pkernels) timeout 150 python3 -m rtts.bench kernels --sections prefill --out "$OUT" 2>&1 | grep "^|" ;;
-    codec) for g in --no-codec-graphs --codec-graphs; do  # the real codec's first-audio cost, eager and from CUDA graphs
-             timeout 200 python3 -m rtts.bench scheduler --preset s2-pro --codec real --codec-concurrency 1,16 $g \
+    codec) for g in ${CODEC_MODES:---no-codec-graphs --codec-graphs}; do  # the real codec's first-audio cost, eager and from CUDA graphs
+             timeout 200 python3 -m rtts.bench scheduler --preset s2-pro --codec real --codec-concurrency ${CODEC_CONC:-1,16} $g \
                --seconds 5 --warmup 1.5 --out "$OUT/codec$g" 2>&1 | grep -v "^Point" | tail -4
            done ;;
     pgraphs) for f in "" --fp8; do  # turn first audio with the turn prefills eager (the default replays CUDA graphs)
@@ -35,7 +36,7 @@ for step in "$@"; do
                  --no-prefill-graphs --seconds 5 --warmup 1.5 --out "$OUT/eager-prefill${f}" 2>&1 | grep -v "^Point" | tail -4
              done ;;
     ttfa)
-      python3 -m rtts serve --random-preset s2-pro --device cuda --max-running 16 --max-ctx 2048 --port 8090 \
+      python3 -m rtts serve --random-preset s2-pro --device cuda --max-running ${TTFA_MAX_RUNNING:-16} --max-ctx 2048 --port 8090 \
         > "$OUT/serve.log" 2>&1 &
       pid=$!
       for _ in $(seq 1 120); do
@@ -43,8 +44,8 @@ for step in "$@"; do
           2>/dev/null && break
         sleep 1
       done
-      timeout 150 python3 clients/probe.py --url ws://127.0.0.1:8090 --concurrency 1,8 --rounds 5 --settle 0.5 \
-        --name "${TTFA_NAME:-h200-s2pro-random-bf16}" --hardware "1x H200, torch reference path + rtts decode-attention kernel, bf16" \
+      timeout 150 python3 clients/probe.py --url ws://127.0.0.1:8090 --concurrency ${TTFA_CONC:-1,8} --rounds 5 --settle 0.5 \
+        --name "${TTFA_NAME:-h200-s2pro-random-bf16}" --hardware "1x H200, bf16, rtts kernels; codec graphs ${RTTS_CODEC_GRAPHS:-on}, prefill graphs ${RTTS_PREFILL_GRAPHS:-on}" \
         --commit "${RTTS_COMMIT:-unknown}" --out "$OUT" 2>&1 | tail -6
       kill -INT $pid; sleep 3; tail -3 "$OUT/serve.log" ;;
   esac
