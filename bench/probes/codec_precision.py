@@ -1,0 +1,158 @@
+"""What the codec's chunk decode costs on the GPU, and what lower precision would buy and lose: a probe.
+
+    python bench/probes/codec_precision.py OUT [--batches 1,16,64] [--frames 8]
+
+The release codec's shapes with random weights (rtts.model.random_checkpoint.random_model). For each variant the
+streaming decode is captured into CUDA graphs (pingpong/codec_graphs.CodecGraphRunner, as the server runs it) and
+one chunk of `--frames` frames is timed per batch; then 48 frames of fixed random codes for 4 streams are decoded in
+chunks of 8 and compared with the strict-FP32 decode (SNR in dB over the whole waveform). Variants:
+  fp32-strict  FP32, no TF32 anywhere (the reference)
+  fp32         FP32 with torch's defaults (cuDNN convolutions may use TF32, matmuls do not): what the server runs
+  tf32         TF32 for convolutions and matmuls
+  bf16, fp16   the codec's weights and state in bfloat16 / float16
+Also prints the top CUDA kernels of one eager FP32 chunk decode at the largest batch (torch.profiler).
+Writes OUT/codec-precision-<gpu>-<date>.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+from typing import Any
+
+import torch
+
+from rtts.bench.common import environment, write_results
+from rtts.model.codec import Codec
+from rtts.model.random_checkpoint import random_model
+from rtts.pingpong.codec_graphs import CodecGraphRunner
+
+
+def set_tf32(conv: bool, matmul: bool) -> None:
+    torch.backends.cudnn.allow_tf32 = conv
+    torch.backends.cuda.matmul.allow_tf32 = matmul
+
+
+def random_codes(codec: Codec, b: int, t: int, seed: int) -> torch.Tensor:
+    cfg = codec.config
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    sem = torch.randint(0, cfg.semantic_codebook_size, (b, 1, t), generator=g)
+    res = torch.randint(0, cfg.codebook_size, (b, cfg.n_codebooks, t), generator=g)
+    return torch.cat([sem, res], dim=1).to(codec.device)
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def timed_chunk(runner: CodecGraphRunner, codec: Codec, b: int, frames: int, reps: int) -> float:
+    codes = random_codes(codec, b, frames, seed=1)
+    slots = torch.arange(b, device=codec.device)
+    for _ in range(3):
+        runner.decode(codes, slots)
+    sync(codec.device)
+    t0 = time.perf_counter()  # the replays queue back to back: wall time over many of them is GPU time
+    for _ in range(reps):
+        runner.decode(codes, slots)
+    sync(codec.device)
+    return 1e3 * (time.perf_counter() - t0) / reps
+
+
+def streamed(codec: Codec, runner: CodecGraphRunner, codes: torch.Tensor) -> torch.Tensor:
+    slots = torch.arange(codes.shape[0], device=codec.device)
+    runner.state.reset(torch.ones(runner.state.capacity, dtype=torch.bool, device=codec.device))
+    out = [runner.decode(codes[:, :, i:i + 8], slots) for i in range(0, codes.shape[-1], 8)]
+    return torch.cat(out, dim=-1).float()
+
+
+def snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
+    err = (x - ref).pow(2).sum().item()
+    return float("inf") if err == 0 else 10 * torch.log10(ref.pow(2).sum() / err).item()
+
+
+def profile_eager(codec: Codec, b: int, frames: int) -> list[tuple[str, float, int]]:
+    from torch.profiler import ProfilerActivity, profile
+
+    if codec.device.type != "cuda":
+        return []
+    state = codec.new_stream_state(b)
+    codes = random_codes(codec, b, frames, seed=2)
+    with torch.inference_mode():
+        codec.decode_stream(codes, state)
+        sync(codec.device)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            codec.decode_stream(codes, state)
+            sync(codec.device)
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+        if us > 0:
+            rows.append((e.key[:90], us, e.count))
+    rows.sort(key=lambda r: -r[1])
+    return rows[:15]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--batches", default="1,16,64")
+    p.add_argument("--frames", type=int, default=8)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run (no graphs, no TF32, no profile)")
+    args = p.parse_args()
+    batches = [int(x) for x in args.batches.split(",")]
+    dev = torch.device(args.device)
+    _, base = random_model("s2-pro", dev)
+    base.eval()
+    variants: dict[str, tuple[torch.dtype, bool, bool]] = {
+        "fp32-strict": (torch.float32, False, False), "fp32": (torch.float32, True, False),
+        "tf32": (torch.float32, True, True), "bf16": (torch.bfloat16, True, False),
+        "fp16": (torch.float16, True, False),
+    }
+    check = random_codes(base, 4, 48, seed=3)
+    ref: torch.Tensor | None = None
+    results: dict[str, Any] = {}
+    for name, (dtype, conv, mm) in variants.items():
+        set_tf32(conv, mm)
+        codec = base if dtype == torch.float32 else copy.deepcopy(base).to(dtype)
+        top = max(*batches, check.shape[0])
+        state = codec.new_stream_state(top + 1)  # the last row is the graphs' scratch slot
+        chunks = tuple(sorted({args.frames, 8, 1}, reverse=True))
+        runner = CodecGraphRunner(codec, state, top, top, dev.type == "cuda", chunks=chunks)
+        t0 = time.perf_counter()
+        runner.capture()
+        cap = time.perf_counter() - t0
+        ms = {b: timed_chunk(runner, codec, b, args.frames, args.reps) for b in batches}
+        audio = streamed(codec, runner, check)
+        if ref is None:
+            ref = audio
+        results[name] = {"chunk_ms": ms, "capture_s": cap, "snr_db": snr_db(ref, audio),
+                         "peak": audio.abs().max().item()}
+        print(name, results[name], flush=True)
+        del runner, state
+        if codec is not base:
+            del codec
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    set_tf32(True, False)
+    top = profile_eager(base, max(batches), args.frames)
+    rows = ["| variant | " + " | ".join(f"ms per {args.frames}-frame chunk, batch {b}" for b in batches)
+            + " | us per frame at the largest batch | SNR vs fp32-strict dB |",
+            "|---|" + "---|" * len(batches) + "---|---|"]
+    for name, r in results.items():
+        per_frame = 1e3 * r["chunk_ms"][max(batches)] / (max(batches) * args.frames)
+        rows.append(f"| {name} | " + " | ".join(f"{r['chunk_ms'][b]:.2f}" for b in batches)
+                    + f" | {per_frame:.1f} | {r['snr_db']:.1f} |")
+    rows += ["", f"Top CUDA kernels, one eager fp32 chunk decode (batch {max(batches)}, {args.frames} frames):", "",
+             "| kernel | us total | calls |", "|---|---|---|"]
+    rows += [f"| `{k}` | {us:.0f} | {n} |" for k, us, n in top]
+    data = {"env": environment(), "config": vars(args), "results": results, "top_kernels": top}
+    jp, mp = write_results(args.out, "codec-precision", data, "\n".join(rows))
+    print("\n".join(rows))
+    print(f"wrote {jp} and {mp}")
+
+
+if __name__ == "__main__":
+    main()
