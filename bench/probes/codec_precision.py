@@ -5,12 +5,11 @@
 The release codec's shapes with random weights (rtts.model.random_checkpoint.random_model). For each variant the
 streaming decode is captured into CUDA graphs (pingpong/codec_graphs.CodecGraphRunner, as the server runs it) and
 one chunk of `--frames` frames is timed per batch; then 48 frames of fixed random codes for 4 streams are decoded in
-chunks of 8 and compared with the strict-FP32 decode (SNR in dB over the whole waveform). Variants:
-  fp32-strict  FP32, no TF32 anywhere (the reference)
-  fp32         FP32 with torch's defaults (cuDNN convolutions may use TF32, matmuls do not): what the server runs
-  tf32         TF32 for convolutions and matmuls
-  bf16, fp16   the codec's weights and state in bfloat16 / float16
-Also prints the top CUDA kernels of one eager FP32 chunk decode at the largest batch (torch.profiler).
+chunks of 8 and compared with the first variant's (SNR in dB over the whole waveform).
+Variants (VARIANTS): precision (strict FP32, TF32 convolutions and/or matmuls, bfloat16 weights and state), the
+Snake activation as cuda/snake.cu or torch's expression, cuDNN autotuning. The first (strict FP32, torch's Snake) is
+what the server ran before the kernel. Also prints the top CUDA kernels of one eager chunk decode of that first
+variant at the largest batch (torch.profiler).
 Writes OUT/codec-precision-<gpu>-<date>.json and .md.
 """
 
@@ -18,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,9 +30,33 @@ from rtts.model.random_checkpoint import random_model
 from rtts.pingpong.codec_graphs import CodecGraphRunner
 
 
-def set_tf32(conv: bool, matmul: bool) -> None:
-    torch.backends.cudnn.allow_tf32 = conv
-    torch.backends.cuda.matmul.allow_tf32 = matmul
+@dataclass(frozen=True)
+class Variant:
+    dtype: torch.dtype = torch.float32
+    conv_tf32: bool = False
+    matmul_tf32: bool = False
+    snake_kernel: bool = True  # cuda/snake.cu; False: torch's expression (RTTS_REFERENCE_KERNELS=1 while it runs)
+    cudnn_benchmark: bool = False
+
+    def apply(self) -> None:
+        torch.backends.cudnn.allow_tf32 = self.conv_tf32
+        torch.backends.cuda.matmul.allow_tf32 = self.matmul_tf32
+        torch.backends.cudnn.benchmark = self.cudnn_benchmark
+        if self.snake_kernel:
+            os.environ.pop("RTTS_REFERENCE_KERNELS", None)
+        else:
+            os.environ["RTTS_REFERENCE_KERNELS"] = "1"
+
+
+VARIANTS = {
+    "fp32, torch snake (the server before the kernel)": Variant(snake_kernel=False),
+    "fp32": Variant(),
+    "fp32, cudnn.benchmark": Variant(cudnn_benchmark=True),
+    "tf32 convolutions": Variant(conv_tf32=True),
+    "tf32 convolutions, torch snake": Variant(conv_tf32=True, snake_kernel=False),
+    "tf32 everywhere, cudnn.benchmark": Variant(conv_tf32=True, matmul_tf32=True, cudnn_benchmark=True),
+    "bf16": Variant(dtype=torch.bfloat16, conv_tf32=True),
+}
 
 
 def random_codes(codec: Codec, b: int, t: int, seed: int) -> torch.Tensor:
@@ -106,17 +131,12 @@ def main() -> None:
     dev = torch.device(args.device)
     _, base = random_model("s2-pro", dev)
     base.eval()
-    variants: dict[str, tuple[torch.dtype, bool, bool]] = {
-        "fp32-strict": (torch.float32, False, False), "fp32": (torch.float32, True, False),
-        "tf32": (torch.float32, True, True), "bf16": (torch.bfloat16, True, False),
-        "fp16": (torch.float16, True, False),
-    }
     check = random_codes(base, 4, 48, seed=3)
     ref: torch.Tensor | None = None
     results: dict[str, Any] = {}
-    for name, (dtype, conv, mm) in variants.items():
-        set_tf32(conv, mm)
-        codec = base if dtype == torch.float32 else copy.deepcopy(base).to(dtype)
+    for name, v in VARIANTS.items():
+        v.apply()
+        codec = base if v.dtype == torch.float32 else copy.deepcopy(base).to(v.dtype)
         top = max(*batches, check.shape[0])
         state = codec.new_stream_state(top + 1)  # the last row is the graphs' scratch slot
         chunks = tuple(sorted({args.frames, 8, 1}, reverse=True))
@@ -136,16 +156,17 @@ def main() -> None:
             del codec
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    set_tf32(True, False)
+    Variant(snake_kernel=False).apply()
     top = profile_eager(base, max(batches), args.frames)
     rows = ["| variant | " + " | ".join(f"ms per {args.frames}-frame chunk, batch {b}" for b in batches)
-            + " | us per frame at the largest batch | SNR vs fp32-strict dB |",
+            + " | us per frame at the largest batch | SNR vs the first dB |",
             "|---|" + "---|" * len(batches) + "---|---|"]
     for name, r in results.items():
         per_frame = 1e3 * r["chunk_ms"][max(batches)] / (max(batches) * args.frames)
         rows.append(f"| {name} | " + " | ".join(f"{r['chunk_ms'][b]:.2f}" for b in batches)
                     + f" | {per_frame:.1f} | {r['snr_db']:.1f} |")
-    rows += ["", f"Top CUDA kernels, one eager fp32 chunk decode (batch {max(batches)}, {args.frames} frames):", "",
+    rows += ["", f"Top CUDA kernels, one eager chunk decode of the first variant (batch {max(batches)}, "
+             f"{args.frames} frames):", "",
              "| kernel | us total | calls |", "|---|---|---|"]
     rows += [f"| `{k}` | {us:.0f} | {n} |" for k, us, n in top]
     data = {"env": environment(), "config": vars(args), "results": results, "top_kernels": top}

@@ -288,6 +288,30 @@ def bench_prefill_gemm(N: int, K: int, M: int) -> dict[str, float]:
     return out
 
 
+# (channels, samples per frame) at the release codec decoder's Snake activations: 1536 channels at 4 steps per frame
+# (after the 2 x 2 upsampler), then the blocks' 768 / 384 / 192 / 96 channels at 32 / 256 / 1024 / 2048.
+CODEC_SNAKES = [(1536, 4), (768, 32), (384, 256), (192, 1024), (96, 2048)]
+
+
+def bench_snake(B: int, C: int, L: int) -> dict[str, float]:
+    """The codec's Snake activation over [B, C, L] float32 (cuda/snake.cu) against torch's five elementwise ops."""
+    n = copies_for(4 * B * C * L)
+    xs = [torch.randn(B, C, L, device="cuda") for _ in range(n)]
+    alpha = torch.rand(C, device="cuda") + 0.1
+    a3 = alpha.view(1, C, 1)
+
+    def ours(i: int) -> torch.Tensor:
+        return kernels.snake(xs[i % n], alpha)
+
+    def torch_ops(i: int) -> torch.Tensor:
+        x = xs[i % n]
+        return x + (a3 + 1e-9).reciprocal() * torch.sin(a3 * x).pow(2)
+
+    out = {k: 1e6 * time_graph(_calls(f, 2 * n)) for k, f in (("snake_us", ours), ("torch_us", torch_ops))}
+    out["snake_TBps"] = 8 * B * C * L / (out["snake_us"] * 1e-6) / 1e12  # 4 bytes read + 4 written per element
+    return out
+
+
 def copy_bandwidth() -> dict[str, float]:
     """Bytes read + written per second by a 1 GiB device copy, two ways: the memcpy node (copy engines inside a graph)
     and an SM kernel (elementwise negate). The larger is the practical HBM ceiling the attention is held to."""
@@ -308,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
                    "stream-K, 2-8 = clusters of that many CTAs)")
     p.add_argument("--rows", default="", help="also time the wgmma GEMM (and the MLP block) with these tile heights "
                    "forced (64 = fp8_gemm_wgmma64, 128 = fp8_gemm_wgmma)")
-    p.add_argument("--sections", default="gemm,mlp,attention,layer,prefill",
+    p.add_argument("--sections", default="gemm,mlp,attention,layer,prefill,codec",
                    help="which tables to time; a subset writes kernels-<sections>-<gpu>-<date> instead")
     args = p.parse_args(argv)
     sections = args.sections.split(",")
@@ -386,18 +410,30 @@ def main(argv: list[str] | None = None) -> None:
                         f"| {r['dequant_torch_us']:.0f} | {r['dense_us']:.1f} | {r['bf16_us']:.1f} "
                         f"| {r['sliced_us']:.1f} |")
             print(rows[-1], flush=True)
+    rows += ["", "## Codec Snake activation (float32 [streams, channels, 8 frames x samples per frame]: the release "
+             "decoder's shapes for one 8-frame chunk; kernel vs torch's expression)", "",
+             "| streams | channels x length | rtts us | TB/s | torch us | speedup |", "|---|---|---|---|---|---|"]
+    codec = []
+    for B in (1, 16, 64) if "codec" in sections else ():
+        for C, per_frame in CODEC_SNAKES:
+            L = 8 * per_frame
+            r = bench_snake(B, C, L)
+            codec.append({"B": B, "C": C, "L": L, **r})
+            rows.append(f"| {B} | {C}x{L} | {r['snake_us']:.1f} | {r['snake_TBps']:.2f} | {r['torch_us']:.1f} "
+                        f"| {r['torch_us'] / r['snake_us']:.1f}x |")
+            print(rows[-1], flush=True)
     from rtts.kernels import _jit
 
     env = environment()
     env["nvrtc"] = ".".join(map(str, _jit._cupy().cuda.nvrtc.getVersion()))
     data = {"env": env, **bw, "gemm": gemm, "mlp": mlp, "attention": attn, "layer_ops": layer,
-            "prefill": prefill}
+            "prefill": prefill, "codec": codec}
     tables = "\n".join(rows).split("\n## ")  # keep the tables of the sections timed
     keep = {"gemm": "FP8 GEMM", "mlp": "MLP block", "attention": "Decode attention", "layer": "Decode-step layer ops",
-            "prefill": "FP8 prefill linears"}
+            "prefill": "FP8 prefill linears", "codec": "Codec Snake"}
     kept = [t.lstrip("# ") for t in tables if any(t.lstrip("# ").startswith(keep[s]) for s in sections)]
     rows = ["\n".join("## " + t for t in kept)]
-    every = {"gemm", "mlp", "attention", "layer", "prefill"}
+    every = {"gemm", "mlp", "attention", "layer", "prefill", "codec"}
     name = "kernels" if every <= set(sections) else "kernels-" + "-".join(sections)
     jp, mp = write_results(args.out, name, data, "\n".join(rows))
     print(f"wrote {jp} and {mp}")

@@ -614,6 +614,37 @@ def token_window_shift(buf: torch.Tensor, slots: torch.Tensor, new: torch.Tensor
                                        _i32(C)))
 
 
+# ---------------------------------------------------------------------------------------------------- codec
+
+_SNAKE_TYPES = {torch.float32: "float", torch.bfloat16: "bf16_t"}
+_SNAKE_INSTANCES = tuple(f"snake<{t}, {v}>" for t in _SNAKE_TYPES.values() for v in (4, 1))
+
+
+def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """The codec's Snake activation in one pass (cuda/snake.cu): x [B, C, L] contiguous float32 or bf16, alpha [C]
+    (any float dtype; its float32 copy is what the kernel reads) -> x + sin(alpha x)^2 / (alpha + 1e-9)."""
+    _check(x.dim() == 3 and x.is_contiguous() and x.dtype in _SNAKE_TYPES,
+           lambda: f"snake: want a contiguous float32 or bfloat16 [B, C, L], got {x.dtype} {tuple(x.shape)} "
+                   f"(contiguous: {x.is_contiguous()})")
+    B, C, L = x.shape
+    _check(alpha.numel() == C and alpha.is_floating_point(),
+           lambda: f"snake: alpha must hold {C} floats (one per channel), got {alpha.dtype} {tuple(alpha.shape)}")
+    if not _use_cuda(x, alpha):
+        return reference.snake(x, alpha.reshape(C).to(x.dtype))
+    from rtts.kernels import _jit
+
+    a = alpha.reshape(C).to(torch.float32).contiguous()
+    y = torch.empty_like(x)
+    n = x.numel()
+    if n == 0:
+        return y
+    vec = 4 if L % 4 == 0 and x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0 else 1
+    fn = _jit.function("snake.cu", f"snake<{_SNAKE_TYPES[x.dtype]}, {vec}>", _SNAKE_INSTANCES)
+    _jit.launch(fn, (math.ceil(n / (256 * vec)),), (256,), (x.data_ptr(), a.data_ptr(), y.data_ptr(), np.int64(n),
+                                                           _i32(C), _i32(L)))
+    return y
+
+
 def warmup(device: torch.device) -> None:
     """Compile and load every kernel module now (before any CUDA-graph capture)."""
     if device.type != "cuda":
@@ -624,6 +655,8 @@ def warmup(device: torch.device) -> None:
         return
     _jit.function("fp8_quant.cu", "quantize_1x128")
     _jit.function("fp8_quant.cu", "swiglu_quantize_1x128")
+    for inst in _SNAKE_INSTANCES:
+        _jit.function("snake.cu", inst, _SNAKE_INSTANCES)
     if _use_wgmma(device):
         for inst in _WGMMA_INSTANCES:
             _jit.set_dynamic_smem(_jit.function("fp8_gemm_wgmma.cu", inst, _WGMMA_INSTANCES), _SMEM_LIMIT)

@@ -224,3 +224,9 @@ def filtered_probs(
 def race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     """Exponential race: probs [B, V], noise Exp(1) [B, V] -> index [B] int64."""
     return torch.argmax(probs.float() / noise, dim=-1)
+
+
+def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    """The codec's Snake activation: x [B, C, L], alpha [C] -> x + sin(alpha x)^2 / (alpha + 1e-9), per channel."""
+    a = alpha.view(1, -1, 1)
+    return x + (a + 1e-9).reciprocal() * torch.sin(a * x).pow(2)
