@@ -640,7 +640,7 @@ def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
         return y
     vec = 4 if L % 4 == 0 and x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0 else 1
     fn = _jit.function("snake.cu", f"snake<{_SNAKE_TYPES[x.dtype]}, {vec}>", _SNAKE_INSTANCES)
-    _jit.launch(fn, (math.ceil(n / (256 * vec)),), (256,), (x.data_ptr(), a.data_ptr(), y.data_ptr(), np.int64(n),
+    _jit.launch(fn, (math.ceil(n / (256 * vec)),), (256,), (x.data_ptr(), a.data_ptr(), y.data_ptr(), n,
                                                            _i32(C), _i32(L)))
     return y
 
