@@ -176,7 +176,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         checkpoint=args.checkpoint, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
         max_running=args.max_running, max_ctx=args.max_ctx, api_keys=tuple(args.api_key), voices_dir=voices,
         max_reference_seconds=args.max_reference_seconds, cuda_graphs=not args.no_cuda_graphs, freeze_gc=True,
-        codec_graphs=args.codec_graphs, prefill_graphs=args.prefill_graphs,
+        codec_graphs=args.codec_graphs, prefill_graphs=args.prefill_graphs, codec_tf32=args.codec_tf32,
     )
     if args.random_preset is None:
         serve(config)

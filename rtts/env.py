@@ -27,6 +27,12 @@ def prefill_graphs() -> bool:
     return _on_unless_off("RTTS_PREFILL_GRAPHS")
 
 
+def codec_tf32() -> bool:
+    """RTTS_CODEC_TF32=0: `rtts serve` decodes audio in true float32 on CUDA (the default of --codec-tf32; on
+    unless set off: TF32 tensor cores decode a chunk 2.4x faster at 55.7 dB SNR, bench/results/codec/)."""
+    return _on_unless_off("RTTS_CODEC_TF32")
+
+
 def reference_kernels() -> bool:
     """RTTS_REFERENCE_KERNELS=1: run every op through its pure-torch reference (bisection, CPU)."""
     return _flag("RTTS_REFERENCE_KERNELS")

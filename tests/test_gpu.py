@@ -22,15 +22,17 @@ pytestmark = pytest.mark.gpu
 GREEDY = SamplingParams(temperature=1.0, top_p=0.9, top_k=1, max_frames=24)
 
 
-@pytest.mark.parametrize("more_graphs", [False, True])  # also the codec's and the turn prefills' graphs
-def test_graph_scheduler_matches_golden(golden: Path, more_graphs: bool) -> None:
+@pytest.mark.parametrize("more_graphs,tf32", [(False, False), (True, False), (True, True)])
+def test_graph_scheduler_matches_golden(golden: Path, more_graphs: bool, tf32: bool) -> None:
+    """more_graphs: also the codec's and the turn prefills' graphs. tf32: the codec decodes with TF32 tensor cores
+    (the server's default): the codes are the same, the audio a little further from the fixture."""
     ckpt = golden / "tiny-s2"
     fx = ckpt / "fixtures"
     lm = load_model(ckpt, device="cuda", dtype=torch.float32)
     codec = load_codec(ckpt, device="cuda", dtype=torch.float32)
     engine = Engine(lm, max_slots=6, max_ctx=1024)
     cases = {c["name"]: c for c in json.loads((fx / "cases.json").read_text())}
-    config = SchedulerConfig(cuda_graphs=True, codec_graphs=more_graphs, prefill_graphs=more_graphs)
+    config = SchedulerConfig(cuda_graphs=True, codec_graphs=more_graphs, prefill_graphs=more_graphs, codec_tf32=tf32)
     with Scheduler(engine, codec, config) as sch:
         assert sch.runner.use_graphs and sch.runner.graphs
         assert bool(sch.codec_worker.runner.graphs) == bool(sch.prefill_graphs.graphs) == more_graphs
@@ -56,7 +58,12 @@ def test_graph_scheduler_matches_golden(golden: Path, more_graphs: bool) -> None
                 assert np.array_equal(end.codes, np.load(fx / name / f"b{i}.codes.npy")), (name, i)
                 if i == 0:
                     ref = np.load(fx / name / "b0.codes_decoded.wav.npy")
-                    assert np.abs(np.concatenate(pcm) - ref).max() < 1e-3, name
+                    got = np.concatenate(pcm)
+                    if tf32:
+                        snr = 10 * np.log10(np.sum(ref.astype(np.float64) ** 2) / np.sum((got - ref) ** 2.0))
+                        assert snr > 40 and np.abs(got - ref).max() < 2e-2, (name, snr)
+                    else:
+                        assert np.abs(got - ref).max() < 1e-3, name
             h.close()
         # With the extra graphs on, the turns really went through them (not an eager fallback).
         assert all(r.replays > 0 for r in graphed) == more_graphs
@@ -68,8 +75,9 @@ def test_codec_graphs_equal_the_eager_stream(golden: Path) -> None:
     from rtts.pingpong.codec_graphs import CodecGraphRunner
 
     codec = load_codec(golden / "tiny-s2", device="cuda", dtype=torch.float32)
-    tf32 = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False  # as CodecWorker sets it: TF32 convolutions differ by chunk length
+    tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    # true float32, as CodecWorker(tf32=False) sets it: TF32 convolutions differ by chunk length
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     graphed, eager = codec.new_stream_state(8), codec.new_stream_state(8)
     runner = CodecGraphRunner(codec, graphed, max_batch=7, scratch_slot=7, use_graphs=True)
     with torch.inference_mode():
@@ -87,7 +95,7 @@ def test_codec_graphs_equal_the_eager_stream(golden: Path) -> None:
             assert got.shape == want.shape
             assert (got - want).abs().max().item() < 1e-3, (slots, n)
         torch.cuda.synchronize()
-    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
     assert runner.replays >= 10
     for a, b in zip((*graphed.tails, graphed.kv), (*eager.tails, eager.kv)):
         assert (a[:7] - b[:7]).abs().max().item() < 1e-3

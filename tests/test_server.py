@@ -678,9 +678,10 @@ def test_rtts_serve_freezes_the_garbage_collector(golden: Path, monkeypatch: pyt
     monkeypatch.setattr(rtts.ws.server, "serve", lambda config, rt=None: seen.append(config))
     rtts_main(["serve", "--checkpoint", str(golden / "tiny-s2"), "--port", "0"])
     assert len(seen) == 1 and seen[0].freeze_gc and seen[0].codec_graphs and seen[0].prefill_graphs
+    assert seen[0].codec_tf32
     rtts_main(["serve", "--checkpoint", str(golden / "tiny-s2"), "--port", "0", "--no-codec-graphs",
-               "--no-prefill-graphs"])
-    assert not seen[1].codec_graphs and not seen[1].prefill_graphs
+               "--no-prefill-graphs", "--no-codec-tf32"])
+    assert not seen[1].codec_graphs and not seen[1].prefill_graphs and not seen[1].codec_tf32
     monkeypatch.setenv("RTTS_CODEC_GRAPHS", "0")
     monkeypatch.setenv("RTTS_PREFILL_GRAPHS", "off")
     rtts_main(["serve", "--checkpoint", str(golden / "tiny-s2"), "--port", "0"])

@@ -216,6 +216,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="the real codec's chunk decodes from CUDA graphs (as `rtts serve` does)")
     p.add_argument("--prefill-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="turn-sized prompt chunks from CUDA graphs (as `rtts serve` does)")
+    p.add_argument("--codec-tf32", action=argparse.BooleanOptionalAction, default=True,
+                   help="the real codec decodes with TF32 tensor cores (as `rtts serve` does); off: true float32")
     p.add_argument("--fp8", action="store_true", help="block-scaled FP8 transformer linears (rtts quantize format)")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args(argv)
@@ -242,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, codec, cs in plans:
         # (the null codec has nothing to capture)
         cfg = SchedulerConfig(cuda_graphs=not args.no_graphs, codec_graphs=args.codec_graphs and name == "real",
-                              prefill_graphs=args.prefill_graphs)
+                              prefill_graphs=args.prefill_graphs, codec_tf32=args.codec_tf32)
         sch = Scheduler(engine, codec, cfg).start()  # type: ignore[arg-type]
         capture[name] = sch.runner.capture_seconds
         if sch.prefill_graphs.graphs:

@@ -48,13 +48,16 @@ class _Audio:
 
 class CodecWorker:
     def __init__(self, codec: Codec, dev: Device, capacity: int, first_chunk_frames: int = 1,
-                 max_buffer_seconds: float = 120.0, use_graphs: bool = False) -> None:
+                 max_buffer_seconds: float = 120.0, use_graphs: bool = False, tf32: bool = False) -> None:
         self.codec = codec
         self.dev = dev
         if dev.cuda and codec.dtype == torch.float32:
-            # NOTE: cuDNN's default TF32 convolutions put streamed and whole decodes 5e-3 apart (the stream's
-            # convolutions run on other lengths); true float32 keeps them within 2e-5.
-            torch.backends.cudnn.allow_tf32 = False
+            # TF32 tensor cores for the codec's convolutions and matmuls (process-wide switches; the LLM runs bf16):
+            # an 8-frame chunk at 64 streams decodes in 57 instead of 140 ms on an H200, 55.7 dB SNR from true
+            # float32 (bench/results/codec/). Off, true float32 keeps streamed and whole decodes within 2e-5 of
+            # each other; TF32 puts them ~5e-3 apart (the stream's convolutions run on other lengths).
+            torch.backends.cudnn.allow_tf32 = tf32
+            torch.backends.cuda.matmul.allow_tf32 = tf32
         self.stream = dev.new_stream()
         self.inbox: queue.Queue[object] = queue.Queue()
         self.first_chunk_frames = first_chunk_frames

@@ -39,6 +39,8 @@ class SchedulerConfig:
     codec_graphs: bool = True
     # Turn-sized prompt chunks' forward from CUDA graphs (engine/graphs.PrefillRunner): with cuda_graphs, on CUDA.
     prefill_graphs: bool = True
+    # A float32 codec on CUDA decodes with TF32 tensor cores (codec_stage.CodecWorker); False: true float32.
+    codec_tf32: bool = True
 
 
 class Scheduler:
@@ -55,7 +57,8 @@ class Scheduler:
         self.prefill_graphs = PrefillRunner(engine, use_graphs=config.cuda_graphs and config.prefill_graphs
                                             and self.dev.cuda, max_positions=config.prefill_token_budget)
         self.codec_worker = CodecWorker(codec, self.dev, engine.max_slots + 1, config.first_chunk_frames,
-                                        config.max_buffer_seconds, config.cuda_graphs and config.codec_graphs)
+                                        config.max_buffer_seconds, config.cuda_graphs and config.codec_graphs,
+                                        config.codec_tf32)
         self.decode = DecodeWorker(engine, self.runner, self.dev, self.slots, self.codec_worker.inbox,
                                    self._turn_ended)
         self.prefill = PrefillWorker(engine, self.dev, self.decode.inbox, self.codec_worker.inbox,

@@ -44,6 +44,7 @@ class ServerConfig:
     # A process-wide setting: `rtts serve` turns it on; tests that build several runtimes in one process leave it off.
     freeze_gc: bool = False
     codec_graphs: bool = True  # audio chunks decoded from CUDA graphs (SchedulerConfig.codec_graphs)
+    codec_tf32: bool = True  # TF32 codec decode on CUDA (SchedulerConfig.codec_tf32)
     prefill_graphs: bool = True  # prompt chunks replayed from CUDA graphs (SchedulerConfig.prefill_graphs)
 
 
@@ -68,7 +69,7 @@ class Runtime:
         self.model_format = loaded.config.format
         self.engine = Engine(loaded, max_slots=config.max_running, max_ctx=config.max_ctx)
         sched = SchedulerConfig(cuda_graphs=config.cuda_graphs, codec_graphs=config.codec_graphs,
-                                prefill_graphs=config.prefill_graphs)
+                                prefill_graphs=config.prefill_graphs, codec_tf32=config.codec_tf32)
         self.scheduler = Scheduler(self.engine, codec, sched)
         self.voices = VoiceStore(config.voices_dir, self.encode_reference)
         self.metrics = Metrics(self)
