@@ -574,11 +574,15 @@ def test_codec_decode_with_the_snake_kernel_matches_the_torch_expression(monkeyp
     codec = codec_from_state_dict(random_codec_state_dict(cfg, seed=0), cfg, torch.device("cuda"), torch.float32)
     codes = torch.randint(0, 1024, (2, cfg.num_codebooks, 6), device="cuda")
     # true float32: under TF32 a last-bit change of a Snake output can flip the rounding of a convolution input
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    fast = codec.decode(codes)
-    monkeypatch.setenv("RTTS_REFERENCE_KERNELS", "1")
-    slow = codec.decode(codes)
+    # (torch.backends.cuda.matmul is not an object monkeypatch can restore: saved and restored here)
+    tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        fast = codec.decode(codes)
+        monkeypatch.setenv("RTTS_REFERENCE_KERNELS", "1")
+        slow = codec.decode(codes)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.testing.assert_close(fast, slow, rtol=0, atol=1e-4)
 
 
