@@ -52,12 +52,12 @@ class CodecWorker:
         self.codec = codec
         self.dev = dev
         if dev.cuda and codec.dtype == torch.float32:
-            # TF32 tensor cores for the codec's convolutions and matmuls (process-wide switches; the LLM runs bf16):
-            # an 8-frame chunk at 64 streams decodes in 57 instead of 140 ms on an H200, 55.7 dB SNR from true
-            # float32 (bench/results/codec/). Off, true float32 keeps streamed and whole decodes within 2e-5 of
-            # each other; TF32 puts them ~5e-3 apart (the stream's convolutions run on other lengths).
+            # TF32 tensor cores for the codec's convolutions: an 8-frame chunk at 64 streams decodes in 57 instead of
+            # 140 ms on an H200, 55.7 dB SNR from true float32 (bench/results/codec/). Off, true float32 keeps
+            # streamed and whole decodes within 2e-5 of each other; TF32 puts them ~5e-3 apart (the stream's
+            # convolutions run on other lengths). The switch is process-wide, so only cuDNN's: the LLM has no
+            # convolutions, while TF32 matmuls would change a float32 LLM's tokens (seen on the golden tiny model).
             torch.backends.cudnn.allow_tf32 = tf32
-            torch.backends.cuda.matmul.allow_tf32 = tf32
         self.stream = dev.new_stream()
         self.inbox: queue.Queue[object] = queue.Queue()
         self.first_chunk_frames = first_chunk_frames

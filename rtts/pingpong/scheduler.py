@@ -39,7 +39,7 @@ class SchedulerConfig:
     codec_graphs: bool = True
     # Turn-sized prompt chunks' forward from CUDA graphs (engine/graphs.PrefillRunner): with cuda_graphs, on CUDA.
     prefill_graphs: bool = True
-    # A float32 codec on CUDA decodes with TF32 tensor cores (codec_stage.CodecWorker); False: true float32.
+    # A float32 codec on CUDA convolves with TF32 tensor cores (codec_stage.CodecWorker); False: true float32.
     codec_tf32: bool = True
 
 
