@@ -113,7 +113,7 @@ def profile_eager(codec: Codec, b: int, frames: int) -> list[tuple[str, float, i
             sync(codec.device)
     rows = []
     for e in prof.key_averages():
-        us = float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0))
+        us = float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", None) or 0.0)
         if us > 0:
             rows.append((e.key[:90], us, e.count))
     rows.sort(key=lambda r: -r[1])
