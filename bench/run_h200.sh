@@ -45,7 +45,7 @@ for step in "$@"; do
         sleep 1
       done
       timeout 150 python3 clients/probe.py --url ws://127.0.0.1:8090 --concurrency ${TTFA_CONC:-1,8} --rounds 5 --settle 0.5 \
-        --name "${TTFA_NAME:-h200-s2pro-random-bf16}" --hardware "1x H200, bf16, rtts kernels; codec graphs ${RTTS_CODEC_GRAPHS:-on}, prefill graphs ${RTTS_PREFILL_GRAPHS:-on}" \
+        --name "${TTFA_NAME:-h200-s2pro-random-bf16}" --hardware "1x H200, bf16, rtts kernels; RTTS_CODEC_GRAPHS=${RTTS_CODEC_GRAPHS:-on} RTTS_PREFILL_GRAPHS=${RTTS_PREFILL_GRAPHS:-on} RTTS_CODEC_TF32=${RTTS_CODEC_TF32:-on}" \
         --commit "${RTTS_COMMIT:-unknown}" --out "$OUT" 2>&1 | tail -6
       kill -INT $pid; sleep 3; tail -3 "$OUT/serve.log" ;;
   esac

@@ -49,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--codec-graphs", action=argparse.BooleanOptionalAction, default=env.codec_graphs(),
                    help="decode audio chunks from CUDA graphs (default: on unless RTTS_CODEC_GRAPHS=0; CUDA only)")
     v.add_argument("--codec-tf32", action=argparse.BooleanOptionalAction, default=env.codec_tf32(),
-                   help="decode audio with TF32 tensor cores (default: on unless RTTS_CODEC_TF32=0; CUDA only; "
-                        "off: true float32, ~2.4x slower)")
+                   help="run the codec's convolutions (audio decode, reference encode) on TF32 tensor cores "
+                        "(default: on unless RTTS_CODEC_TF32=0; CUDA only; off: true float32, ~2.4x slower decode)")
     v.add_argument("--prefill-graphs", action=argparse.BooleanOptionalAction, default=env.prefill_graphs(),
                    help="replay prompt chunks from CUDA graphs (default: on unless RTTS_PREFILL_GRAPHS=0; CUDA only)")
     v.add_argument("--random-preset", choices=["s2-pro", "s1-mini", "tiny"],

@@ -96,6 +96,18 @@ def test_reference_snake_is_the_codec_expression() -> None:
     assert torch.equal(ref.snake(x, alpha.view(5)), want)
 
 
+def test_codec_snake_keeps_other_dtypes_on_the_torch_expression() -> None:
+    from rtts.model.codec_layers import Snake1d
+
+    m = Snake1d(5)
+    m.alpha.data.uniform_(0.3, 2.0)
+    for dtype in (torch.float16, torch.float64):
+        x = torch.randn(2, 5, 7).to(dtype)
+        m64 = m.to(dtype)
+        with torch.no_grad():
+            assert torch.equal(m64(x), x + (m64.alpha + 1e-9).reciprocal() * torch.sin(m64.alpha * x).pow(2))
+
+
 def test_snake_checks() -> None:
     with pytest.raises(ValueError, match="contiguous float32 or bfloat16"):
         kernels.snake(torch.randn(2, 5, 7).transpose(1, 2), torch.ones(7))

@@ -676,6 +676,8 @@ def test_rtts_serve_freezes_the_garbage_collector(golden: Path, monkeypatch: pyt
 
     seen: list[ServerConfig] = []
     monkeypatch.setattr(rtts.ws.server, "serve", lambda config, rt=None: seen.append(config))
+    for name in ("RTTS_CODEC_GRAPHS", "RTTS_PREFILL_GRAPHS", "RTTS_CODEC_TF32"):  # the defaults, whatever the shell
+        monkeypatch.delenv(name, raising=False)
     rtts_main(["serve", "--checkpoint", str(golden / "tiny-s2"), "--port", "0"])
     assert len(seen) == 1 and seen[0].freeze_gc and seen[0].codec_graphs and seen[0].prefill_graphs
     assert seen[0].codec_tf32
@@ -684,5 +686,8 @@ def test_rtts_serve_freezes_the_garbage_collector(golden: Path, monkeypatch: pyt
     assert not seen[1].codec_graphs and not seen[1].prefill_graphs and not seen[1].codec_tf32
     monkeypatch.setenv("RTTS_CODEC_GRAPHS", "0")
     monkeypatch.setenv("RTTS_PREFILL_GRAPHS", "off")
+    monkeypatch.setenv("RTTS_CODEC_TF32", "no")
     rtts_main(["serve", "--checkpoint", str(golden / "tiny-s2"), "--port", "0"])
-    assert not seen[2].codec_graphs and not seen[2].prefill_graphs
+    assert not seen[2].codec_graphs and not seen[2].prefill_graphs and not seen[2].codec_tf32
+    rtts_main(["serve", "--checkpoint", str(golden / "tiny-s2"), "--port", "0", "--codec-tf32"])  # the flag wins
+    assert seen[3].codec_tf32 and not seen[3].codec_graphs

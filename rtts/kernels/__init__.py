@@ -617,6 +617,7 @@ def token_window_shift(buf: torch.Tensor, slots: torch.Tensor, new: torch.Tensor
 # ---------------------------------------------------------------------------------------------------- codec
 
 _SNAKE_TYPES = {torch.float32: "float", torch.bfloat16: "bf16_t"}
+SNAKE_DTYPES = frozenset(_SNAKE_TYPES)  # what snake() takes (other dtypes: the caller's torch expression)
 _SNAKE_INSTANCES = tuple(f"snake<{t}, {v}>" for t in _SNAKE_TYPES.values() for v in (4, 1))
 
 
@@ -633,14 +634,14 @@ def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
         return reference.snake(x, alpha.reshape(C).to(x.dtype))
     from rtts.kernels import _jit
 
-    a = alpha.reshape(C).to(torch.float32).contiguous()
+    a = alpha.reshape(C).to(device=x.device, dtype=torch.float32).contiguous()
     y = torch.empty_like(x)
     n = x.numel()
     if n == 0:
         return y
     vec = 4 if L % 4 == 0 and x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0 else 1
     fn = _jit.function("snake.cu", f"snake<{_SNAKE_TYPES[x.dtype]}, {vec}>", _SNAKE_INSTANCES)
-    _jit.launch(fn, (math.ceil(n / (256 * vec)),), (256,), (x.data_ptr(), a.data_ptr(), y.data_ptr(), n,
+    _jit.launch(fn, (-(-n // (256 * vec)),), (256,), (x.data_ptr(), a.data_ptr(), y.data_ptr(), n,
                                                            _i32(C), _i32(L)))
     return y
 

@@ -135,7 +135,8 @@ class Snake1d(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [B, C, L]. Inference on a GPU takes the one-pass kernel (torch's five elementwise passes were ~40% of a
         # streaming chunk decode); with autograd on, the torch expression, which it can differentiate.
-        if x.is_contiguous() and not (torch.is_grad_enabled() and (x.requires_grad or self.alpha.requires_grad)):
+        if (x.dim() == 3 and x.dtype in kernels.SNAKE_DTYPES and x.is_contiguous()
+                and not (torch.is_grad_enabled() and (x.requires_grad or self.alpha.requires_grad))):
             return kernels.snake(x, self.alpha)
         return x + (self.alpha + 1e-9).reciprocal() * torch.sin(self.alpha * x).pow(2)
 

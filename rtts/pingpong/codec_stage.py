@@ -48,7 +48,7 @@ class _Audio:
 
 class CodecWorker:
     def __init__(self, codec: Codec, dev: Device, capacity: int, first_chunk_frames: int = 1,
-                 max_buffer_seconds: float = 120.0, use_graphs: bool = False, tf32: bool = False) -> None:
+                 max_buffer_seconds: float = 120.0, use_graphs: bool = False, tf32: bool = True) -> None:
         self.codec = codec
         self.dev = dev
         if dev.cuda and codec.dtype == torch.float32:
@@ -57,6 +57,8 @@ class CodecWorker:
             # streamed and whole decodes within 2e-5 of each other; TF32 puts them ~5e-3 apart (the stream's
             # convolutions run on other lengths). The switch is process-wide, so only cuDNN's: the LLM has no
             # convolutions, while TF32 matmuls would change a float32 LLM's tokens (seen on the golden tiny model).
+            # It covers the codec's encoder too (voice references), where a near tie between two code vectors may
+            # then resolve the other way: a reference's codes are a prompt, not a bit-exact artifact.
             torch.backends.cudnn.allow_tf32 = tf32
         self.stream = dev.new_stream()
         self.inbox: queue.Queue[object] = queue.Queue()
