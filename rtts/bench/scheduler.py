@@ -233,14 +233,18 @@ def main(argv: list[str] | None = None) -> None:
         quantize_model_(lm.model)
         torch.cuda.empty_cache()
     build_s = time.perf_counter() - t0
-    engine = Engine(lm, max_slots=max(conc), max_ctx=args.max_ctx)
+    codec_conc = [int(x) for x in args.codec_concurrency.split(",")]
+    # one KV slot per stream of the widest point measured (a real-codec point may be wider than the null-codec ones)
+    measured = (conc if args.codec in ("none", "both") else []) + (codec_conc if args.codec in ("real", "both") else [])
+    widest = max(measured)
+    engine = Engine(lm, max_slots=widest, max_ctx=args.max_ctx)
     points: list[Point] = []
     capture: dict[str, float] = {}
     plans: list[tuple[str, Any, list[int]]] = []
     if args.codec in ("none", "both"):
         plans.append(("none", NullCodec(real_codec.config), conc))
     if args.codec in ("real", "both"):
-        plans.append(("real", real_codec, [int(x) for x in args.codec_concurrency.split(",")]))
+        plans.append(("real", real_codec, codec_conc))
     for name, codec, cs in plans:
         # (the null codec has nothing to capture)
         cfg = SchedulerConfig(cuda_graphs=not args.no_graphs, codec_graphs=args.codec_graphs and name == "real",
