@@ -203,7 +203,7 @@ class PrefillRunner:
     longer than the rows' histories changes nothing but the work (each layer gathers span positions per item: two
     spans, 1024 and the whole cache, keep that bounded). Shapes without a graph run eager, and so do FP8 models'
     chunks whose padding would cross kernels.FP8_DENSE_ROWS (the dense path: other numbers, more weight traffic).
-    Off unless SchedulerConfig.prefill_graphs."""
+    On a GPU unless SchedulerConfig.prefill_graphs is off."""
 
     def __init__(self, engine: Engine, use_graphs: bool | None = None,
                  lengths: tuple[int, ...] = PREFILL_LENGTHS, max_positions: int = 2048) -> None:
