@@ -5,7 +5,8 @@
 #                     [ttfa]
 # (SCHED_CONC=1,16,64 picks the scheduler concurrencies, KERNEL_ARGS extra kernel-bench flags; RTTS_CODEC_GRAPHS=0 /
 # RTTS_PREFILL_GRAPHS=0 serve the ttfa step without codec / turn-prefill CUDA graphs, TTFA_NAME names its report,
-# TTFA_CONC / TTFA_MAX_RUNNING its concurrencies and server slots, TTFA_FP8=1 serves FP8 linears; CODEC_MODES /
+# TTFA_CONC / TTFA_MAX_RUNNING / TTFA_PREFILL_ROWS its concurrencies, server slots and prompts per prefill batch,
+# TTFA_FP8=1 serves FP8 linears; CODEC_MODES /
 # CODEC_CONC the codec step's runs)
 # Python packages the image lacks travel as wheels in .whl/ (see the device tool's README).
 # Pass RTTS_COMMIT=<sha> from the machine that sent the tree: the copy on the GPU machine may carry a stale .git.
@@ -37,7 +38,8 @@ for step in "$@"; do
                  --no-prefill-graphs --seconds 5 --warmup 1.5 --out "$OUT/eager-prefill${f}" 2>&1 | grep -v "^Point" | tail -4
              done ;;
     ttfa)
-      python3 -m rtts serve --random-preset s2-pro ${TTFA_FP8:+--fp8} --device cuda --max-running ${TTFA_MAX_RUNNING:-16} --max-ctx 2048 --port 8090 \
+      python3 -m rtts serve --random-preset s2-pro ${TTFA_FP8:+--fp8} --device cuda --max-running ${TTFA_MAX_RUNNING:-16} \
+        --prefill-rows ${TTFA_PREFILL_ROWS:-8} --max-ctx 2048 --port 8090 \
         > "$OUT/serve.log" 2>&1 &
       pid=$!
       for _ in $(seq 1 120); do
@@ -46,7 +48,7 @@ for step in "$@"; do
         sleep 1
       done
       timeout 150 python3 clients/probe.py --url ws://127.0.0.1:8090 --concurrency ${TTFA_CONC:-1,8} --rounds 5 --settle 0.5 \
-        --name "${TTFA_NAME:-h200-s2pro-random-bf16}" --hardware "1x H200, ${TTFA_FP8:+FP8 linears, }bf16, rtts kernels; RTTS_CODEC_GRAPHS=${RTTS_CODEC_GRAPHS:-on} RTTS_PREFILL_GRAPHS=${RTTS_PREFILL_GRAPHS:-on} RTTS_CODEC_TF32=${RTTS_CODEC_TF32:-on}" \
+        --name "${TTFA_NAME:-h200-s2pro-random-bf16}" --hardware "1x H200, ${TTFA_FP8:+FP8 linears, }bf16, rtts kernels; RTTS_CODEC_GRAPHS=${RTTS_CODEC_GRAPHS:-on} RTTS_PREFILL_GRAPHS=${RTTS_PREFILL_GRAPHS:-on} RTTS_CODEC_TF32=${RTTS_CODEC_TF32:-on}, prefill rows ${TTFA_PREFILL_ROWS:-8}" \
         --commit "${RTTS_COMMIT:-unknown}" --out "$OUT" 2>&1 | tail -6
       kill -INT $pid; sleep 3; tail -3 "$OUT/serve.log" ;;
   esac

@@ -671,6 +671,13 @@ def test_runtime_freezes_startup_objects_for_the_garbage_collector(golden: Path,
         gc.unfreeze()  # give the test process its collector back
 
 
+def test_runtime_batches_prompts_as_configured(golden: Path, tmp_path: Path) -> None:
+    from rtts.ws.runtime import Runtime
+
+    rt = Runtime(tiny_config(golden, tmp_path, warmup=False, prefill_rows=3))
+    assert rt.engine.prefill_rows == 3 and rt.engine.fast_kv_prefill.k.shape[1] == 3
+
+
 def test_rtts_serve_freezes_the_garbage_collector(golden: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import rtts.ws.server
 
@@ -691,3 +698,9 @@ def test_rtts_serve_freezes_the_garbage_collector(golden: Path, monkeypatch: pyt
     assert not seen[2].codec_graphs and not seen[2].prefill_graphs and not seen[2].codec_tf32
     rtts_main(["serve", "--checkpoint", str(golden / "tiny-s2"), "--port", "0", "--codec-tf32"])  # the flag wins
     assert seen[3].codec_tf32 and not seen[3].codec_graphs
+    assert seen[3].prefill_rows == 8
+    rtts_main(["serve", "--checkpoint", str(golden / "tiny-s2"), "--port", "0", "--prefill-rows", "16"])
+    assert seen[4].prefill_rows == 16
+    with pytest.raises(SystemExit):  # the CLI prints the ValueError's message and exits 2
+        rtts_main(["serve", "--checkpoint", str(golden / "tiny-s2"), "--port", "0", "--prefill-rows", "0"])
+    assert len(seen) == 5

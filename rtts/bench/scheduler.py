@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--codec", default="none", choices=["none", "real", "both"])
     p.add_argument("--codec-concurrency", default="1,64", help="concurrencies measured with the real codec")
     p.add_argument("--max-ctx", type=int, default=2048)
+    p.add_argument("--prefill-rows", type=int, default=8, help="prompts per prefill batch (Engine.prefill_rows)")
     p.add_argument("--ref-frames", type=int, default=215, help="voice prompt length (215 frames = 10 s)")
     p.add_argument("--max-frames", type=int, default=400)
     p.add_argument("--warmup", type=float, default=2.0)
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     # one KV slot per stream of the widest point measured (a real-codec point may be wider than the null-codec ones)
     measured = (conc if args.codec in ("none", "both") else []) + (codec_conc if args.codec in ("real", "both") else [])
     widest = max(measured)
-    engine = Engine(lm, max_slots=widest, max_ctx=args.max_ctx)
+    engine = Engine(lm, max_slots=widest, max_ctx=args.max_ctx, prefill_rows=args.prefill_rows)
     points: list[Point] = []
     capture: dict[str, float] = {}
     plans: list[tuple[str, Any, list[int]]] = []

@@ -34,6 +34,7 @@ class ServerConfig:
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
     max_running: int = 64
     max_ctx: int = 4096
+    prefill_rows: int = 8  # prompts per prefill batch (Engine.prefill_rows): a burst of turns waits in batches of it
     api_keys: tuple[str, ...] = ()
     voices_dir: str | None = None
     max_reference_seconds: float = 60.0
@@ -67,7 +68,8 @@ class Runtime:
         assert codec is not None
         self.loaded, self.codec = loaded, codec
         self.model_format = loaded.config.format
-        self.engine = Engine(loaded, max_slots=config.max_running, max_ctx=config.max_ctx)
+        self.engine = Engine(loaded, max_slots=config.max_running, max_ctx=config.max_ctx,
+                             prefill_rows=config.prefill_rows)
         sched = SchedulerConfig(cuda_graphs=config.cuda_graphs, codec_graphs=config.codec_graphs,
                                 prefill_graphs=config.prefill_graphs, codec_tf32=config.codec_tf32)
         self.scheduler = Scheduler(self.engine, codec, sched)
