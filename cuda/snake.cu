@@ -39,8 +39,8 @@ template <int VEC>
 __device__ __forceinline__ void load_vec(const bf16_t* p, float (&v)[VEC]) {
     if constexpr (VEC == 4) {
         const uint2 q = *reinterpret_cast<const uint2*>(p);
-        v[0] = __uint_as_float(q.x << 16); v[1] = __uint_as_float(q.x & 0xFFFF0000u);
-        v[2] = __uint_as_float(q.y << 16); v[3] = __uint_as_float(q.y & 0xFFFF0000u);
+        v[0] = bf16_to_float(q.x & 0xffff); v[1] = bf16_to_float(q.x >> 16);
+        v[2] = bf16_to_float(q.y & 0xffff); v[3] = bf16_to_float(q.y >> 16);
     } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) v[j] = bf16_to_float(p[j]);

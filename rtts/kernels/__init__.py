@@ -123,7 +123,6 @@ def _index(device: torch.device) -> int:
 
 
 @functools.cache
-@functools.cache
 def _sm_count(device_index: int) -> int:
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rtts import kernels
+from rtts.kernels import reference
 from rtts.model.layers import FeedForward, RMSNorm
 from rtts.model.rope import apply_rope, rope_cos_sin
 
@@ -138,7 +139,7 @@ class Snake1d(nn.Module):
         if (x.dim() == 3 and x.dtype in kernels.SNAKE_DTYPES and x.is_contiguous()
                 and not (torch.is_grad_enabled() and (x.requires_grad or self.alpha.requires_grad))):
             return kernels.snake(x, self.alpha)
-        return x + (self.alpha + 1e-9).reciprocal() * torch.sin(self.alpha * x).pow(2)
+        return reference.snake(x, self.alpha.view(-1))
 
 
 def step_sequence(modules: nn.Sequential, x: torch.Tensor, tails: Tails) -> torch.Tensor:

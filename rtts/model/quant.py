@@ -110,7 +110,6 @@ class FP8FeedForward(nn.Module):
         y = kernels.fp8_gemm(hq, sh, self.w2.weight, self.w2.weight_scale)
         return y.view(*lead, -1).to(x.dtype)
 
-
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
         """Prefill (more rows than kernels.FP8_DENSE_ROWS): the weights dequantized to bf16, dense GEMMs, SwiGLU in
         bf16 (no activation quantization: the rows never meet an FP8 GEMM)."""

@@ -45,7 +45,7 @@ class ServerConfig:
     # A process-wide setting: `rtts serve` turns it on; tests that build several runtimes in one process leave it off.
     freeze_gc: bool = False
     codec_graphs: bool = True  # audio chunks decoded from CUDA graphs (SchedulerConfig.codec_graphs)
-    codec_tf32: bool = True  # TF32 codec decode on CUDA (SchedulerConfig.codec_tf32)
+    codec_tf32: bool = True  # the codec's convolutions on TF32 tensor cores on CUDA (SchedulerConfig.codec_tf32)
     prefill_graphs: bool = True  # prompt chunks replayed from CUDA graphs (SchedulerConfig.prefill_graphs)
 
 
