@@ -11,7 +11,7 @@ def main() -> None:
         sys.exit(2)
     from rtts.bench import common
 
-    common.COMMAND = sys.argv[1:]
+    common.COMMAND = ["python", "-m", "rtts.bench", *sys.argv[1:]]
     cmd = sys.argv.pop(1)
     if cmd == "scheduler":
         from rtts.bench.scheduler import main as run

@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
-COMMAND: list[str] = sys.argv[1:]  # set by rtts.bench.__main__ before it consumes the subcommand
+# The command line a result records: a script's own (a probe: `python bench/probes/x.py ...`), or what
+# rtts.bench.__main__ sets before it consumes the subcommand (`python -m rtts.bench kernels ...`).
+COMMAND: list[str] = ["python", *sys.argv]
 
 
 def _git() -> tuple[str, bool]:
@@ -33,7 +35,7 @@ def environment() -> dict[str, Any]:
     else:
         commit, dirty = _git()
     env: dict[str, Any] = {
-        "command": " ".join(["python -m rtts.bench"] + COMMAND),
+        "command": " ".join(COMMAND),
         "commit": commit + ("-dirty" if dirty else ""),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "python": platform.python_version(),
