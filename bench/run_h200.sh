@@ -39,7 +39,7 @@ for step in "$@"; do
              done ;;
     ttfa)
       python3 -m rtts serve --random-preset s2-pro ${TTFA_FP8:+--fp8} --device cuda --max-running ${TTFA_MAX_RUNNING:-16} \
-        --prefill-rows ${TTFA_PREFILL_ROWS:-8} --max-ctx 2048 --port 8090 \
+        --prefill-rows ${TTFA_PREFILL_ROWS:-16} --max-ctx 2048 --port 8090 \
         > "$OUT/serve.log" 2>&1 &
       pid=$!
       for _ in $(seq 1 120); do
@@ -48,7 +48,7 @@ for step in "$@"; do
         sleep 1
       done
       timeout 150 python3 clients/probe.py --url ws://127.0.0.1:8090 --concurrency ${TTFA_CONC:-1,8} --rounds 5 --settle 0.5 \
-        --name "${TTFA_NAME:-h200-s2pro-random-bf16}" --hardware "1x H200, ${TTFA_FP8:+FP8 linears, }bf16, rtts kernels; RTTS_CODEC_GRAPHS=${RTTS_CODEC_GRAPHS:-on} RTTS_PREFILL_GRAPHS=${RTTS_PREFILL_GRAPHS:-on} RTTS_CODEC_TF32=${RTTS_CODEC_TF32:-on}, prefill rows ${TTFA_PREFILL_ROWS:-8}" \
+        --name "${TTFA_NAME:-h200-s2pro-random-bf16}" --hardware "1x H200, ${TTFA_FP8:+FP8 linears, }bf16, rtts kernels; RTTS_CODEC_GRAPHS=${RTTS_CODEC_GRAPHS:-on} RTTS_PREFILL_GRAPHS=${RTTS_PREFILL_GRAPHS:-on} RTTS_CODEC_TF32=${RTTS_CODEC_TF32:-on}, prefill rows ${TTFA_PREFILL_ROWS:-16}" \
         --commit "${RTTS_COMMIT:-unknown}" --out "$OUT" 2>&1 | tail -6
       kill -INT $pid; sleep 3; tail -3 "$OUT/serve.log" ;;
   esac

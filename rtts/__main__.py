@@ -42,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     v.add_argument("--max-running", type=int, default=64, help="concurrent streams (one KV slot each)")
     v.add_argument("--max-ctx", type=int, default=4096, help="KV positions per stream")
-    v.add_argument("--prefill-rows", type=int, default=8,
-                   help="prompts per prefill batch (a burst of turns starts in batches of this many)")
+    v.add_argument("--prefill-rows", type=int, default=None,
+                   help="prompts per prefill batch (a burst of turns starts in batches of this many; default 16)")
     v.add_argument("--api-key", action="append", default=[], help="accepted Bearer key (repeatable); none = open")
     v.add_argument("--voices-dir", help="stored voices (default: $RTTS_HOME/voices)")
     v.add_argument("--max-reference-seconds", type=float, default=60.0)

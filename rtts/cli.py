@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from rtts.audio.io import read_audio, write_wav
-from rtts.engine.engine import Engine
+from rtts.engine.engine import DEFAULT_PREFILL_ROWS, Engine
 from rtts.engine.synth import Synthesizer
 from rtts.model.codec import Codec, load_codec
 from rtts.model.errors import PromptError
@@ -169,12 +169,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if args.checkpoint is not None and not Path(args.checkpoint).is_dir():
         raise ValueError(f"--checkpoint {args.checkpoint}: directory not found")
     resolve_device(args.device)
-    if args.max_running < 1 or args.max_ctx < 64 or args.prefill_rows < 1:
+    prefill_rows = DEFAULT_PREFILL_ROWS if args.prefill_rows is None else args.prefill_rows
+    if args.max_running < 1 or args.max_ctx < 64 or prefill_rows < 1:
         raise ValueError("--max-running and --prefill-rows must be >= 1 and --max-ctx >= 64")
     voices = args.voices_dir or str(default_checkpoint_dir().parent / "voices")
     config = ServerConfig(
         checkpoint=args.checkpoint, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
-        max_running=args.max_running, max_ctx=args.max_ctx, prefill_rows=args.prefill_rows,
+        max_running=args.max_running, max_ctx=args.max_ctx, prefill_rows=prefill_rows,
         api_keys=tuple(args.api_key), voices_dir=voices,
         max_reference_seconds=args.max_reference_seconds, cuda_graphs=not args.no_cuda_graphs, freeze_gc=True,
         codec_graphs=args.codec_graphs, prefill_graphs=args.prefill_graphs, codec_tf32=args.codec_tf32,

@@ -45,6 +45,7 @@ from liveserver import (
 from websockets.sync.client import ClientConnection
 
 from rtts.__main__ import main as rtts_main
+from rtts.engine.engine import DEFAULT_PREFILL_ROWS
 from rtts.ws.protocol import Limits
 from rtts.ws.runtime import ServerConfig
 
@@ -698,9 +699,9 @@ def test_rtts_serve_freezes_the_garbage_collector(golden: Path, monkeypatch: pyt
     assert not seen[2].codec_graphs and not seen[2].prefill_graphs and not seen[2].codec_tf32
     rtts_main(["serve", "--checkpoint", str(golden / "tiny-s2"), "--port", "0", "--codec-tf32"])  # the flag wins
     assert seen[3].codec_tf32 and not seen[3].codec_graphs
-    assert seen[3].prefill_rows == 8
-    rtts_main(["serve", "--checkpoint", str(golden / "tiny-s2"), "--port", "0", "--prefill-rows", "16"])
-    assert seen[4].prefill_rows == 16
+    assert seen[3].prefill_rows == DEFAULT_PREFILL_ROWS == 16
+    rtts_main(["serve", "--checkpoint", str(golden / "tiny-s2"), "--port", "0", "--prefill-rows", "5"])
+    assert seen[4].prefill_rows == 5
     with pytest.raises(SystemExit):  # the CLI prints the ValueError's message and exits 2
         rtts_main(["serve", "--checkpoint", str(golden / "tiny-s2"), "--port", "0", "--prefill-rows", "0"])
     assert len(seen) == 5

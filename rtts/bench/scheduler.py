@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from rtts.bench.common import environment, write_results
-from rtts.engine.engine import Engine
+from rtts.engine.engine import DEFAULT_PREFILL_ROWS, Engine
 from rtts.model.codec import CodecConfig
 from rtts.model.prompt import Reference
 from rtts.model.random_checkpoint import random_model
@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--codec", default="none", choices=["none", "real", "both"])
     p.add_argument("--codec-concurrency", default="1,64", help="concurrencies measured with the real codec")
     p.add_argument("--max-ctx", type=int, default=2048)
-    p.add_argument("--prefill-rows", type=int, default=8, help="prompts per prefill batch (Engine.prefill_rows)")
+    p.add_argument("--prefill-rows", type=int, default=DEFAULT_PREFILL_ROWS,
+                   help="prompts per prefill batch (Engine.prefill_rows)")
     p.add_argument("--ref-frames", type=int, default=215, help="voice prompt length (215 frames = 10 s)")
     p.add_argument("--max-frames", type=int, default=400)
     p.add_argument("--warmup", type=float, default=2.0)

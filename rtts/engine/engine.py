@@ -103,6 +103,12 @@ class ContextFullError(RuntimeError):
     """A prefill would not fit in the slot's KV context."""
 
 
+# Prompts per prefill batch: a burst of turns starts in batches of it. 16, not 8: on one H200 (random S2-Pro,
+# latency_reports/2026-11-30_d224384_*rows*) a burst of 32 turns reached first audio at p50 / p90 145 / 210 ms
+# instead of 161 / 246, and 16 at p90 94 instead of 121; one more prefill graph bucket to capture.
+DEFAULT_PREFILL_ROWS = 16
+
+
 class Engine:
     def __init__(
         self,
@@ -111,7 +117,7 @@ class Engine:
         max_ctx: int | None = None,
         prefill_chunk: int = 512,
         residual_limit: int | None = None,
-        prefill_rows: int = 8,
+        prefill_rows: int = DEFAULT_PREFILL_ROWS,
     ) -> None:
         """
         max_ctx: KV positions per slot (default: the model's max_seq_len, capped at 4096).

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from rtts.audio.io import AudioError, read_audio
-from rtts.engine.engine import Engine
+from rtts.engine.engine import DEFAULT_PREFILL_ROWS, Engine
 from rtts.model.codec import Codec, load_codec
 from rtts.model.loading import LoadedModel, load_model
 from rtts.model.random_checkpoint import ensure_default_checkpoint
@@ -34,7 +34,8 @@ class ServerConfig:
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
     max_running: int = 64
     max_ctx: int = 4096
-    prefill_rows: int = 8  # prompts per prefill batch (Engine.prefill_rows): a burst of turns waits in batches of it
+    # prompts per prefill batch (Engine.prefill_rows): a burst of turns waits in batches of it
+    prefill_rows: int = DEFAULT_PREFILL_ROWS
     api_keys: tuple[str, ...] = ()
     voices_dir: str | None = None
     max_reference_seconds: float = 60.0
