@@ -15,14 +15,16 @@
 //     keep the second launch (fused: 64 x 2048 keys 170 -> 199 us, bench/probes/attention_variants.py).
 //
 // Memory: 64-key tiles of K and V (32 KB at head dim 128) stream through a double-buffered cp.async pipeline
-// (16-byte copies, zero fill past the length): one tile loads while the other computes, and three CTAs share an SM,
-// so ~100 KB per SM is in flight instead of one row per warp. The host picks the split count so the last wave of
-// CTAs is nearly full (see attention_splits). Rows sit in shared memory with their 16-byte chunks XOR-swizzled by
-// row (chunk c of row r at c ^ (r % 8)): the score pass reads one row per lane pair and the value pass one row per
-// warp, both bank-conflict free.
-// Compute: warp w owns keys 16w..16w+15 of each tile. Scores: lane pair (l, l+16) splits one key's dimensions and
-// combines with one shuffle. Online softmax in base 2 per warp, then the warp accumulates P.V with every lane owning
-// HD/32 output dimensions; warps merge in shared memory at the end.
+// (16-byte copies, zero fill past the length): one tile loads while the other computes, two CTAs per SM. The host
+// picks the split count so the last wave of CTAs is nearly full (see attention_splits). Rows sit in shared memory
+// with their 16-byte chunks XOR-swizzled by row (chunk c of row r at c ^ (r % 8)), so the eight rows of every
+// ldmatrix read land in different banks.
+// Compute (tensor cores, mma.m16n8k16 bf16 -> FP32): warp w owns keys 16w..16w+15 of each tile; the G query heads are
+// the rows of the A operand (padded to 8). Scores Q K^T, an online softmax in base 2 on the accumulator fragments, then
+// P V with P (rounded to bf16) straight from those fragments; warps merge in shared memory at the end.
+// Measured on the H200 (bench/probes/attention_variants.py, head dim 128, G = 4): the CUDA-core kernel this replaced
+// (lane pairs splitting a key's dot product, shuffles per key for P.V) took 177 us at 64 streams x 2048 keys; on
+// tensor cores 159 us held to three CTAs per SM (168 registers: it spilled), 124 us at two (torch SDPA: 122).
 #include "sm90.cuh"
 
 #define WARPS 4
@@ -87,19 +89,90 @@ __device__ __noinline__ void merge_splits(const float* __restrict__ ws_o, const 
     }
 }
 
+// A warp's running state: thread t holds query row t/4 (rows G.. are zero padding): its running max, its
+// partial sum over the keys it scored, and output dims 8j + 2(t%4), +1 of each n8 tile j.
+template <int HD>
+struct WarpState {
+    float m, l, o[HD / 8][2];
+};
+
+// The queries as bf16 pairs in shared memory, rows G..7 zero: a row stride of HD/2 + 4 words puts the
+// 32 lanes' operand reads (row t/4, pair t%4 of a k16 step) in 32 different banks. Read per step rather than held in
+// registers (16 more a thread).
+template <int HD>
+using QPairs = unsigned[8][HD / 2 + 4];
+
+// One 64-key tile, tensor cores (mma.m16n8k16, the G query rows padded to 8): warp w takes keys 16w..16w+15 as two
+// n8 tiles. Scores S = Q K^T with K rows straight from the swizzled tile (ldmatrix), online softmax in base 2 on the
+// accumulator fragments, whose layout is that of the A operand of the next MMA (P, rounded to bf16), then O += P V
+// with V transposed by ldmatrix. kt, vt: shared addresses of the tile's K and V rows.
+template <int HD>
+__device__ __forceinline__ void mma_tile(WarpState<HD>& st, const QPairs<HD>& qp, unsigned kt, unsigned vt, int warp,
+                                         int lane, int key0, int end, float qscale) {
+    constexpr int ROW = HD * 2, KS = HD / 16;
+    float sc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+    const int kr = warp * 16 + (lane >> 4) * 8 + (lane & 7), kc = (lane >> 3) & 1;  // this lane's ldmatrix row
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+        unsigned kf[4];  // B operands of keys 0-7 (dims 16ks.., 16ks+8..), then of keys 8-15
+        ldmatrix_x4(kt + kr * ROW + (((2 * ks + kc) ^ (kr & 7)) << 4), kf);
+        const unsigned qa_lo = qp[lane >> 2][8 * ks + (lane & 3)], qa_hi = qp[lane >> 2][8 * ks + 4 + (lane & 3)];
+        mma_bf16_rows8(sc[0], qa_lo, qa_hi, kf[0], kf[1]);
+        mma_bf16_rows8(sc[1], qa_lo, qa_hi, kf[2], kf[3]);
+    }
+    float tmax = -RTTS_INF;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const bool valid = key0 + 8 * nt + 2 * (lane & 3) + j < end;
+            sc[nt][j] = valid ? sc[nt][j] * qscale : -RTTS_INF;
+            tmax = fmaxf(tmax, sc[nt][j]);
+        }
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));  // the row's four threads
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+    const float mn = fmaxf(st.m, tmax);
+    // Every key of the warp past the length (the same keys for every row): nothing to add, and the MMAs below stay
+    // warp-uniform. Otherwise corr = 0 on a row's first valid keys (m = -inf), when l and o are still zero.
+    const float corr = mn == -RTTS_INF ? 1.f : exp2f(st.m - mn);
+    float lsum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            sc[nt][j] = sc[nt][j] == -RTTS_INF ? 0.f : exp2f(sc[nt][j] - mn);
+            lsum += sc[nt][j];
+        }
+    st.l = st.l * corr + lsum;
+    st.m = mn;
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; ++dt) {
+        st.o[dt][0] *= corr;
+        st.o[dt][1] *= corr;
+    }
+    const unsigned pa_lo = pack_bf16x2(sc[0][0], sc[0][1]), pa_hi = pack_bf16x2(sc[1][0], sc[1][1]);
+    const int vr = warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7), vc = lane >> 4;
+#pragma unroll
+    for (int dp = 0; dp < KS; ++dp) {
+        unsigned vf[4];  // B operands of dims 16dp.. (keys 0-7, 8-15), then of dims 16dp+8..
+        ldmatrix_x4_trans(vt + vr * ROW + (((2 * dp + vc) ^ (vr & 7)) << 4), vf);
+        mma_bf16_rows8(st.o[2 * dp], pa_lo, pa_hi, vf[0], vf[1]);
+        mma_bf16_rows8(st.o[2 * dp + 1], pa_lo, pa_hi, vf[2], vf[3]);
+    }
+}
+
 template <int HD, int G, bool FUSED>
 __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const bf16_t* __restrict__ kc,
                                              const bf16_t* __restrict__ vc, const i64* __restrict__ slots,
                                              const i64* __restrict__ lens, float* __restrict__ ws_o,
                                              float* __restrict__ ws_ml, bf16_t* __restrict__ out,
                                              int* __restrict__ counters, int n_kv, int L, int chunk, float scale) {
+    static_assert(G <= 8, "the query heads are the 8 rows of an MMA operand");
     constexpr int CH = HD / 8;            // 16-byte chunks per row
     constexpr int ROW = HD * 2;           // bytes per row
-    constexpr int DPL = HD / 32;          // output dims per lane
-    constexpr int QH = HD / 2 + 4;        // q half-row stride in floats (padding keeps the two halves' banks apart)
     constexpr int TILE_BYTES = TILE * ROW;
     extern __shared__ __align__(16) unsigned char smem[];  // [STAGES][K tile, V tile]; warp merge at the end
-    __shared__ __align__(16) float qs[G][2 * QH];
+    __shared__ QPairs<HD> qp;
     __shared__ float wm[WARPS][G], wl[WARPS][G];
 
     const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z, S = gridDim.x;
@@ -110,10 +183,15 @@ __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const
     const int end = (int)min((i64)start + chunk, len);
     const int ntiles = end > start ? (end - start + TILE - 1) / TILE : 0;
     const float qscale = scale * LOG2E;
-    for (int i = tid; i < G * HD; i += blockDim.x) {
-        const int gi = i / HD, d = i - gi * HD;
-        qs[gi][(d / (HD / 2)) * QH + d % (HD / 2)] = bf16_to_float(q[((i64)b * H + h * G + gi) * HD + d]) * qscale;
+    for (int i = tid; i < 8 * (HD / 2); i += blockDim.x) {
+        const int row = i / (HD / 2), pr = i - row * (HD / 2);
+        qp[row][pr] = row < G ? reinterpret_cast<const unsigned*>(q + ((i64)b * H + h * G + row) * HD)[pr] : 0u;
     }
+    WarpState<HD> mst;
+    mst.m = -RTTS_INF;
+    mst.l = 0.f;
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; ++dt) mst.o[dt][0] = mst.o[dt][1] = 0.f;
 
     const i64 key_stride = (i64)n_kv * HD;  // elements between positions
     const bf16_t* kbase = kc + slots[b] * (i64)L * key_stride + h * HD;
@@ -137,104 +215,32 @@ __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const
         cp_async_commit();
     };
 
-    float m[G], l[G], acc[G][DPL];
-#pragma unroll
-    for (int gi = 0; gi < G; ++gi) {
-        m[gi] = -RTTS_INF;
-        l[gi] = 0.f;
-#pragma unroll
-        for (int d = 0; d < DPL; ++d) acc[gi][d] = 0.f;
-    }
-
 #pragma unroll
     for (int t = 0; t < STAGES - 1; ++t) load(t);
 
-    const int half = lane >> 4, kr = warp * 16 + (lane & 15);  // score pass: this lane's key row and half
     for (int t = 0; t < ntiles; ++t) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();  // tile t landed for all; every warp is done with tile t-1's stage
         load(t + STAGES - 1);
-        const unsigned char* kt = smem + (t % STAGES) * 2 * TILE_BYTES;
-        const unsigned char* vt = kt + TILE_BYTES;
-
-        // Scores of key kr against the G queries (this lane: half of the dimensions).
-        float sc[G];
-#pragma unroll
-        for (int gi = 0; gi < G; ++gi) sc[gi] = 0.f;
-#pragma unroll
-        for (int cc = 0; cc < CH / 2; ++cc) {
-            const int c = half * (CH / 2) + cc;
-            const uint4 raw = *reinterpret_cast<const uint4*>(kt + kr * ROW + ((c ^ (kr & 7)) << 4));
-            const unsigned wds[4] = {raw.x, raw.y, raw.z, raw.w};
-            float kv[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) kv[j] = bf16_to_float((wds[j >> 1] >> (16 * (j & 1))) & 0xffff);
-#pragma unroll
-            for (int gi = 0; gi < G; ++gi) {
-                const float4 q0 = *reinterpret_cast<const float4*>(&qs[gi][half * QH + cc * 8]);
-                const float4 q1 = *reinterpret_cast<const float4*>(&qs[gi][half * QH + cc * 8 + 4]);
-                sc[gi] += q0.x * kv[0] + q0.y * kv[1] + q0.z * kv[2] + q0.w * kv[3] + q1.x * kv[4] + q1.y * kv[5] +
-                          q1.z * kv[6] + q1.w * kv[7];
-            }
-        }
-        const bool valid = start + t * TILE + kr < end;
-        float p[G];
-#pragma unroll
-        for (int gi = 0; gi < G; ++gi) {
-            sc[gi] += __shfl_xor_sync(0xffffffffu, sc[gi], 16);
-            const float tmax = warp_max(valid ? sc[gi] : -RTTS_INF);
-            const float mn = fmaxf(m[gi], tmax);
-            if (mn == -RTTS_INF) {  // no valid key yet for this warp (a tile past this stream's length)
-                p[gi] = 0.f;
-                continue;
-            }
-            const float corr = exp2f(m[gi] - mn);  // m = -inf at first: corr = 0, and l/acc are 0 anyway
-            p[gi] = valid ? exp2f(sc[gi] - mn) : 0.f;
-            l[gi] = l[gi] * corr + warp_sum(half ? 0.f : p[gi]);
-            m[gi] = mn;
-#pragma unroll
-            for (int d = 0; d < DPL; ++d) acc[gi][d] *= corr;
-        }
-
-        // P.V over the warp's 16 keys: lane owns dims lane*DPL .. +DPL.
-#pragma unroll
-        for (int kk = 0; kk < 16; ++kk) {
-            const int r = warp * 16 + kk;
-            float v[DPL];
-            if constexpr (DPL == 4) {
-                const uint2 raw = *reinterpret_cast<const uint2*>(vt + r * ROW + (((lane >> 1) ^ (r & 7)) << 4) +
-                                                                  (lane & 1) * 8);
-                v[0] = bf16_to_float(raw.x & 0xffff);
-                v[1] = bf16_to_float(raw.x >> 16);
-                v[2] = bf16_to_float(raw.y & 0xffff);
-                v[3] = bf16_to_float(raw.y >> 16);
-            } else {
-                const unsigned raw = *reinterpret_cast<const unsigned*>(vt + r * ROW + (((lane >> 2) ^ (r & 7)) << 4) +
-                                                                        (lane & 3) * 4);
-                v[0] = bf16_to_float(raw & 0xffff);
-                v[1] = bf16_to_float(raw >> 16);
-            }
-#pragma unroll
-            for (int gi = 0; gi < G; ++gi) {
-                const float pk = __shfl_sync(0xffffffffu, p[gi], kk);
-#pragma unroll
-                for (int d = 0; d < DPL; ++d) acc[gi][d] += pk * v[d];
-            }
-        }
+        const int kt = (t % STAGES) * 2 * TILE_BYTES, key0 = start + t * TILE + warp * 16;
+        mma_tile<HD>(mst, qp, sbase + kt, sbase + kt + TILE_BYTES, warp, lane, key0, end, qscale);
     }
 
     // Merge the warps, through the (now idle) pipeline memory.
     cp_async_wait<0>();
     __syncthreads();
     float(*wo)[G][HD] = reinterpret_cast<float(*)[G][HD]>(smem);  // [WARPS][G][HD]
-#pragma unroll
-    for (int gi = 0; gi < G; ++gi) {
-        if (lane == 0) {
-            wm[warp][gi] = m[gi];
-            wl[warp][gi] = l[gi];
+    mst.l += __shfl_xor_sync(0xffffffffu, mst.l, 1);  // the row's sum over all 16 keys of each tile
+    mst.l += __shfl_xor_sync(0xffffffffu, mst.l, 2);
+    if (const int row = lane >> 2; row < G) {
+        if ((lane & 3) == 0) {
+            wm[warp][row] = mst.m;
+            wl[warp][row] = mst.l;
         }
 #pragma unroll
-        for (int d = 0; d < DPL; ++d) wo[warp][gi][lane * DPL + d] = acc[gi][d];
+        for (int dt = 0; dt < HD / 8; ++dt)
+            *reinterpret_cast<float2*>(&wo[warp][row][8 * dt + 2 * (lane & 3)]) =
+                make_float2(mst.o[dt][0], mst.o[dt][1]);
     }
     __syncthreads();
     for (int i = tid; i < G * HD; i += blockDim.x) {
@@ -281,15 +287,14 @@ __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const
                         (i64)b * H + h * G, S);
 }
 
-// The fused instances are held to three CTAs per SM (168 registers, as the split planner kernels.attention_splits
-// counts): their merge call otherwise pushes the main loop past it.
+// Two CTAs per SM (kernels._ATT_CTAS_PER_SM): three leave 168 registers a thread, and the 128-dim instances spilled.
 #define DEFINE_ATTN(HD, G)                                                                                        \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32) decode_attention_##HD##_##G(                          \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) decode_attention_##HD##_##G(                       \
         const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const i64* slots, const i64* lens, float* ws_o,      \
         float* ws_ml, bf16_t* out, int* counters, int n_kv, int L, int chunk, float scale) {                      \
         attend_split<HD, G, false>(q, kc, vc, slots, lens, ws_o, ws_ml, out, counters, n_kv, L, chunk, scale);    \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(WARPS * 32, 3) decode_attention_fused_##HD##_##G(                 \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) decode_attention_fused_##HD##_##G(                 \
         const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const i64* slots, const i64* lens, float* ws_o,      \
         float* ws_ml, bf16_t* out, int* counters, int n_kv, int L, int chunk, float scale) {                      \
         attend_split<HD, G, true>(q, kc, vc, slots, lens, ws_o, ws_ml, out, counters, n_kv, L, chunk, scale);     \

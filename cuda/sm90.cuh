@@ -30,6 +30,37 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // cp.async writes through the generic proxy; wgmma reads shared memory through the async proxy.
+// ldmatrix: four 8x8 b16 matrices from shared memory, lanes 8j..8j+7 giving matrix j's row addresses; `trans`
+// transposes each (thread t gets stored rows 2(t%4), 2(t%4)+1 of column t/4 instead of row t/4, columns 2(t%4)..+1).
+__device__ __forceinline__ void ldmatrix_x4(unsigned addr, unsigned (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned addr, unsigned (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+
+// d[8 x 8] += A[8 x 16] B[16 x 8] on the tensor cores (mma.m16n8k16, bf16 in, FP32 accumulate) for operands of only
+// eight rows: rows 8-15 of A are zero, so their half of the accumulator stays zero and is not kept. a_lo / a_hi: this
+// thread's A pair at columns 2(t%4).. and 8 + 2(t%4).. of row t/4; b0 / b1: its B pairs (rows 2(t%4).., 8 + 2(t%4)..
+// of column t/4); d: its accumulator pair, row t/4, columns 2(t%4)..
+__device__ __forceinline__ void mma_bf16_rows8(float (&d)[2], unsigned a_lo, unsigned a_hi, unsigned b0, unsigned b1) {
+    float z0 = 0.f, z1 = 0.f;
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(z0), "+f"(z1)
+        : "r"(a_lo), "r"(0u), "r"(a_hi), "r"(0u), "r"(b0), "r"(b1));
+}
+
+// Two floats as a bf16 pair (round to nearest even), x in the low half: the element of lower index in an MMA operand.
+__device__ __forceinline__ unsigned pack_bf16x2(float x, float y) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
+    return r;
+}
+
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // The same for global memory: generic-proxy writes this thread has observed (e.g. acquired from other CTAs) are

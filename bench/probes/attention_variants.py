@@ -1,19 +1,16 @@
 """Variants of the decode-attention kernel (cuda/decode_attention.cu) side by side, timed like the kernel bench
-(CUDA graph of calls, KV caches rotated): where the splits are merged (by the last split, or a second launch),
-inlining and the fence of the fused merge. Patched in memory (the repository
-file is untouched; an anchor that no longer matches fails loudly). With a path to an older decode_attention.cu
-(two launches: split kernel + decode_attention_merge, no counters) it is timed too, as "old".
+(CUDA graph of calls, KV caches rotated): pipeline depth and CTAs per SM, and where the splits are merged (by the
+last split, or a second launch). Patched in memory (the repository file is untouched; an anchor that no longer
+matches fails loudly), with the host constants the variant implies set alike.
 
-    python bench/probes/attention_variants.py [OLD.cu]    # on the GPU machine, from the repository root
+    python bench/probes/attention_variants.py [variant ...]    # on the GPU machine, from the repository root
 """
 
 from __future__ import annotations
 
-import math
 import sys
-from pathlib import Path
+from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from rtts import kernels
@@ -21,16 +18,26 @@ from rtts.bench.kernels import _calls, copies_for, time_graph
 from rtts.kernels import _jit
 
 KERNEL = "decode_attention.cu"
-NOINLINE = "__device__ __noinline__ void merge_splits("
-# (edits, merge placement: None = the wrapper's choice (kernels.attention_fuses), True = fused, False = launched)
-VARIANTS: dict[str, tuple[list[tuple[str, str]], bool | None]] = {
-    "auto": ([], None),
-    "fused": ([], True),
-    "launched": ([], False),
-    "fused_inline": ([(NOINLINE, "__device__ __forceinline__ void merge_splits(")], True),
-    # timing only (the handoff is then unordered)
-    "fused_nofence": ([("    __threadfence();\n    __syncthreads();\n    if (tid == 0) {",
-                        "    __syncthreads();\n    if (tid == 0) {")], True),
+BOUND = "__launch_bounds__(WARPS * 32, 2) decode_attention_"
+
+
+@dataclass
+class Variant:
+    edits: list[tuple[str, str]] = field(default_factory=list)  # (anchor, replacement), every occurrence
+    fuse: bool | None = None  # None: the wrapper's choice (kernels.attention_fuses)
+    stages: int = 2  # kernels._ATT_STAGES
+    ctas_per_sm: int = 2  # kernels._ATT_CTAS_PER_SM
+
+
+VARIANTS: dict[str, Variant] = {
+    "auto": Variant(),
+    "fused": Variant(fuse=True),
+    "launched": Variant(fuse=False),
+    # three CTAs per SM: 168 registers a thread, and the 128-dim instances spill (session 11: 64 x 2048 keys 159 us
+    # against 124 at two)
+    "3cta": Variant([(BOUND, BOUND.replace("2)", "3)"))], ctas_per_sm=3),
+    # three 64-key stages (96 KB): two tiles in flight while one is used (session 11: as fast as two)
+    "3st": Variant([("#define STAGES 2", "#define STAGES 3")], stages=3),
 }
 SIZES = [(1, 512), (1, 2048), (16, 512), (16, 2048), (64, 512), (64, 2048)]
 ORIGINAL = _jit.source
@@ -44,14 +51,14 @@ def patched(edits: list[tuple[str, str]]):  # type: ignore[no-untyped-def]
         for a, b in edits:
             if a not in text:
                 raise SystemExit(f"anchor not found (update bench/probes/attention_variants.py): {a!r}")
-            text = text.replace(a, b, 1)
+            text = text.replace(a, b)
         return text
     return source
 
 
 def main() -> None:
     dev = torch.device("cuda")
-    old = Path(sys.argv[1]).read_text() if len(sys.argv) > 1 else None
+    names = sys.argv[1:] or list(VARIANTS)
     n_kv, G, D = 8, 4, 128
     cases = []
     for B, L in SIZES:
@@ -63,11 +70,13 @@ def main() -> None:
         cases.append((B, L, n, caches, q, torch.arange(B, device=dev), torch.full((B,), L, device=dev),
                       copies_for(kv_bytes)))
     res: dict[str, dict[str, float]] = {}
-    fuses = kernels.attention_fuses
-    for variant, (edits, policy) in VARIANTS.items():
-        kernels.attention_fuses = fuses if policy is None else (  # type: ignore[assignment]
-            lambda B, n_kv, S, sms=0, policy=policy: policy)
-        _jit.source = patched(edits)  # type: ignore[assignment]
+    saved = kernels.attention_fuses, kernels._ATT_STAGES, kernels._ATT_CTAS_PER_SM
+    for name in names:
+        v = VARIANTS[name]
+        kernels.attention_fuses = saved[0] if v.fuse is None else (  # type: ignore[assignment]
+            lambda B, n_kv, S, sms=0, fuse=v.fuse: fuse)
+        kernels._ATT_STAGES, kernels._ATT_CTAS_PER_SM = v.stages, v.ctas_per_sm
+        _jit.source = patched(v.edits)  # type: ignore[assignment]
         _jit._module.cache_clear()
         _jit.function.cache_clear()
         _jit._SMEM_SET.clear()
@@ -76,56 +85,15 @@ def main() -> None:
             ref = kernels.reference.decode_attention(q, *caches[0], slots, lens).float()
             err = float((kernels.decode_attention(q, *caches[0], slots, lens).float() - ref).abs().max())
             if err >= 2e-2:
-                print(f"{variant} {B}x{L}: max error {err}")
+                print(f"{name} {B}x{L}: max error {err}")
 
-            def call(i: int) -> torch.Tensor:
+            def call(i: int, n: int = n, caches: list = caches, q: torch.Tensor = q, slots: torch.Tensor = slots,
+                     lens: torch.Tensor = lens) -> torch.Tensor:
                 k, v = caches[i % n]
                 return kernels.decode_attention(q, k, v, slots, lens)
 
-            us = 1e6 * time_graph(_calls(call, reps))
-            res.setdefault(f"{B}x{L}", {})[variant] = us
-    kernels.attention_fuses = fuses  # type: ignore[assignment]
-    if old is not None:
-        import cupy as cp
-
-        text = old.replace('#include "sm90.cuh"', _jit.source("sm90.cuh"))
-        # "old_pdl": the merge launched with PDL (it waits for the split kernel, which lets it launch at once)
-        pdl_text = text.replace("    const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z, S = gridDim.x;",
-                                "    pdl_launch_dependents();\n"
-                                "    const int s = blockIdx.x, h = blockIdx.y, b = blockIdx.z, S = gridDim.x;", 1)
-        pdl_text = pdl_text.replace("    const int h = blockIdx.x, b = blockIdx.y;\n    const int i = threadIdx.x;",
-                                    "    pdl_wait();\n    const int h = blockIdx.x, b = blockIdx.y;\n"
-                                    "    const int i = threadIdx.x;", 1)
-        assert pdl_text.count("pdl_wait();") >= 1 and pdl_text != text
-        for name, src, pdl in (("old", text, False), ("old_pdl", pdl_text, True)):
-            mod = cp.RawModule(code=src, options=(_jit.arch_option(), "--std=c++17"))
-            fn, merge = mod.get_function(f"decode_attention_{D}_{G}"), mod.get_function("decode_attention_merge")
-            smem = kernels.attention_smem_bytes(D)
-            fn.max_dynamic_shared_size_bytes = smem
-            for B, L, n, caches, q, slots, lens, reps in cases:
-                S, chunk = kernels.attention_splits(B, n_kv, L, kernels._sm_count(0))
-
-                def call_old(i: int, fn=fn, merge=merge, pdl=pdl, S=S, chunk=chunk, B=B, n=n, caches=caches, q=q,
-                             slots=slots, lens=lens, L=L) -> torch.Tensor:
-                    k, v = caches[i % n]
-                    out = torch.empty_like(q)
-                    ws_o = torch.empty(B, n_kv, S, G, D, dtype=torch.float32, device=dev)
-                    ws_ml = torch.empty(B, n_kv, S, G, 2, dtype=torch.float32, device=dev)
-                    _jit.launch(fn, (S, n_kv, B), (128,), (q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                                           slots.data_ptr(), lens.data_ptr(), ws_o.data_ptr(),
-                                                           ws_ml.data_ptr(), out.data_ptr(), np.int32(n_kv),
-                                                           np.int32(L), np.int32(chunk),
-                                                           np.float32(1.0 / math.sqrt(D))), shared_mem=smem)
-                    if S > 1:
-                        _jit.launch(merge, (n_kv, B), (G * D,), (ws_o.data_ptr(), ws_ml.data_ptr(), out.data_ptr(),
-                                                                 np.int32(n_kv), np.int32(G), np.int32(D),
-                                                                 np.int32(S)), pdl=pdl)
-                    return out
-
-                ref = kernels.reference.decode_attention(q, *caches[0], slots, lens).float()
-                assert (call_old(0).float() - ref).abs().max() < 2e-2
-                res.setdefault(f"{B}x{L}", {})[name] = 1e6 * time_graph(_calls(call_old, reps))
-    names = list(next(iter(res.values())))
+            res.setdefault(f"{B}x{L}", {})[name] = 1e6 * time_graph(_calls(call, reps))
+    kernels.attention_fuses, kernels._ATT_STAGES, kernels._ATT_CTAS_PER_SM = saved  # type: ignore[assignment]
     print("| batch x context | " + " | ".join(names) + " |")
     print("|---" * (len(names) + 1) + "|")
     for k, row in res.items():

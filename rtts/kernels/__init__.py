@@ -482,7 +482,7 @@ _DEQUANT_INSTANCES = ("dequantize_fp8<true>", "dequantize_fp8<false>")
 
 
 _ATT_TILE, _ATT_STAGES = 64, 2  # must match cuda/decode_attention.cu
-_ATT_CTAS_PER_SM = 3  # 64 KB of K/V tiles each (head dim 128)
+_ATT_CTAS_PER_SM = 2  # 64 KB of K/V tiles each (head dim 128); the kernels' launch bounds (decode_attention.cu)
 # The merging CTA keeps every split's (max, sum) per query head in its pipeline memory: 2 x S x G floats, within the
 # 32 KB of head dim 64 for G up to 8 at this many splits.
 _ATT_MAX_SPLITS = 256
