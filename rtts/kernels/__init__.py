@@ -509,10 +509,12 @@ def attention_splits(B: int, n_kv: int, L: int, sms: int = _SMS) -> tuple[int, i
 
 def attention_fuses(B: int, n_kv: int, S: int, sms: int = _SMS) -> bool:
     """Whether the split CTAs merge their partials themselves (the `_fused` kernels) instead of a second launch.
-    Measured on the H200 (bench/probes/attention_variants.py, head dim 128, G = 4): fused, batch 1 x 2048 keys (32
-    splits) 17.9 -> 11.3 us and 1 x 512 (8) 9.9 -> 8.4, but 16 x 512 (3 splits, one wave) 20.8 -> 22.8 and
-    64 x 2048 (3 splits, four waves) 170 -> 199: the merging CTA holds its SM slot through dependent L2 round trips,
-    which later waves wait for, while a second launch merges with memory idle. So: one wave, enough splits."""
+    Measured on the H200 (bench/probes/attention_variants.py, head dim 128, G = 4), with the CUDA-core kernel of
+    session 9: fused, batch 1 x 2048 keys (32 splits) 17.9 -> 11.3 us and 1 x 512 (8) 9.9 -> 8.4, but 16 x 512 (3
+    splits, one wave) 20.8 -> 22.8 and 64 x 2048 (3 splits, four waves) 170 -> 199: the merging CTA holds its SM slot
+    through dependent L2 round trips, which later waves wait for, while a second launch merges with memory idle. So:
+    one wave, enough splits. The tensor-core kernel at two CTAs per SM keeps the rule (session 11: 1 x 2048 fused 9.2
+    vs launched 10.9 us, 16 x 512 16.4 vs 14.8, 64 x 2048 124.0 vs 123.8)."""
     return S >= _ATT_FUSE_MIN_SPLITS and B * n_kv * S <= sms * _ATT_CTAS_PER_SM
 
 
