@@ -103,9 +103,9 @@ class ContextFullError(RuntimeError):
     """A prefill would not fit in the slot's KV context."""
 
 
-# Prompts per prefill batch: a burst of turns starts in batches of it. 16, not 8: on one H200 (random S2-Pro,
-# latency_reports/2026-11-30_d224384_*rows*) a burst of 32 turns reached first audio at p50 / p90 145 / 210 ms
-# instead of 161 / 246, and 16 at p90 94 instead of 121; one more prefill graph bucket to capture.
+# Prompts per prefill batch: a burst of turns starts in batches of it. 16, not 8: on one H200 (random S2-Pro, four
+# servers in turn, latency_reports/README.md) a burst of 32 turns reached first audio at p90 229-233 ms instead of
+# 282-288; bursts of 16 were the same. One more prefill graph bucket to capture.
 DEFAULT_PREFILL_ROWS = 16
 
 
