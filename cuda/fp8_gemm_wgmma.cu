@@ -227,12 +227,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     named_barrier(BAR_READY, CONSUMERS + 32);  // the stage barriers are initialized
 
     float total[R], acc[ACCS][R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        total[r] = 0.f;
-#pragma unroll
-        for (int q = 0; q < ACCS; ++q) acc[q][r] = 0.f;
-    }
+    zero_accumulators(total, acc);
 
     const int wg = tid >> 7;
     int tile = first_tile, kb = kb0, slot = 0, settle = -1;

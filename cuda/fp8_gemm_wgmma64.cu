@@ -166,12 +166,7 @@ __global__ void __launch_bounds__(H_THREADS, 2)
     named_barrier(H_BAR_READY, H_CONSUMERS + 32);  // stage barriers initialized, every weight scale landed
 
     float total[R], acc[ACCS][R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        total[r] = 0.f;
-#pragma unroll
-        for (int q = 0; q < ACCS; ++q) acc[q][r] = 0.f;
-    }
+    zero_accumulators(total, acc);
 
     int tile = first_tile, kb = kb0, settle = -1;
     bool whole = kb == 0;  // the segment being accumulated started at the tile's first K block

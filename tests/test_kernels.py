@@ -479,7 +479,7 @@ def test_fp8_gemm_pdl_chain(monkeypatch: pytest.MonkeyPatch, M: int) -> None:
 
 @GPU
 @pytest.mark.parametrize("B,L", [(1, 1), (1, 700), (16, 2048), (64, 2048), (3, 130)])
-@pytest.mark.parametrize("n_kv,G,D", [(8, 4, 128), (8, 2, 64), (2, 1, 128)])
+@pytest.mark.parametrize("n_kv,G,D", [(8, 4, 128), (8, 2, 64), (2, 1, 128), (2, 8, 128), (4, 8, 64)])
 def test_decode_attention_kernel(B: int, L: int, n_kv: int, G: int, D: int) -> None:
     rows = B + 2
     q = _x(B, n_kv * G, D, seed=B, device="cuda")
