@@ -10,9 +10,10 @@
 //   - decode_attention_merge_HD_G, a second launch (grid (n_kv, B)), once every split is done;
 //   - the `_fused` instances: the last CTA of each (b, h) to finish merges its splits, counted in `counters`
 //     (int32 [B * n_kv], zero; reset by that CTA, so graph replays need no memset). No second launch, which
-//     measured 17.9 -> 11.3 us at batch 1 x 2048 keys (32 splits); but the merging CTA holds its SM slot through
-//     several dependent L2 round trips, slow while the other CTAs saturate memory, so grids of more than one wave
-//     keep the second launch (fused: 64 x 2048 keys 170 -> 199 us, bench/probes/attention_variants.py).
+//     measured 17.9 -> 11.3 us at batch 1 x 2048 keys (32 splits) with the CUDA-core kernel of session 9 (10.9 ->
+//     9.2 with this one); but the merging CTA holds its SM slot through several dependent L2 round trips, slow while
+//     the other CTAs saturate memory, so grids of more than one wave keep the second launch (CUDA-core kernel,
+//     fused: 64 x 2048 keys 170 -> 199 us; this one at 16 x 2048: 37.9 -> 45.6; bench/probes/attention_variants.py).
 //
 // Memory: 64-key tiles of K and V (32 KB at head dim 128) stream through a double-buffered cp.async pipeline
 // (16-byte copies, zero fill past the length): one tile loads while the other computes, two CTAs per SM. The host
@@ -38,7 +39,8 @@
 // floats): every (max, sum) pair is read once, in one round trip,
 // then each thread sums 4 output dims over the splits with float4 loads kept 8 deep in flight. Splits are summed in
 // index order whichever CTA merges, so every launch gives the same bits. Not inlined: ptxas then budgets its
-// registers apart from the main loop's (inlined, the kernel spilled 44 bytes at 168 registers; head dim 128, G = 4).
+// registers apart from the main loop's (measured with the CUDA-core kernel at three CTAs per SM: inlined, it spilled
+// 44 bytes at 168 registers; head dim 128, G = 4).
 template <int HD, int G>
 __device__ __noinline__ void merge_splits(const float* __restrict__ ws_o, const float* __restrict__ ws_ml,
                                              bf16_t* __restrict__ out, float* buf, i64 p0, i64 q0, int S) {

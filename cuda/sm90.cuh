@@ -1,6 +1,6 @@
 // Hopper (sm_90a) building blocks: shared-memory addresses, cp.async with zero fill, the async-proxy fence, wgmma
-// descriptors for 128-byte-swizzled K-major tiles, mbarriers and bulk (TMA) copies, named barriers, and FP8 wgmma for
-// every token-tile width the GEMM uses.
+// descriptors for 128-byte-swizzled K-major tiles, mbarriers and bulk (TMA) copies, named barriers, FP8 wgmma for
+// every token-tile width the GEMM uses, and ldmatrix + bf16 mma.sync for decode attention.
 // Self-contained (inline PTX only), like common.cuh.
 #pragma once
 #include "common.cuh"
@@ -30,6 +30,12 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // cp.async writes through the generic proxy; wgmma reads shared memory through the async proxy.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// The same for global memory: generic-proxy writes this thread has observed (e.g. acquired from other CTAs) are
+// ordered before its later async-proxy (bulk copy) reads of them.
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
 // ldmatrix: four 8x8 b16 matrices from shared memory, lanes 8j..8j+7 giving matrix j's row addresses; `trans`
 // transposes each (thread t gets stored rows 2(t%4), 2(t%4)+1 of column t/4 instead of row t/4, columns 2(t%4)..+1).
 __device__ __forceinline__ void ldmatrix_x4(unsigned addr, unsigned (&r)[4]) {
@@ -60,12 +66,6 @@ __device__ __forceinline__ unsigned pack_bf16x2(float x, float y) {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(y), "f"(x));
     return r;
 }
-
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
-// The same for global memory: generic-proxy writes this thread has observed (e.g. acquired from other CTAs) are
-// ordered before its later async-proxy (bulk copy) reads of them.
-__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
 // Matrix descriptor of a K-major tile whose rows are 128 bytes, 8-row atoms 1024 bytes apart (stride byte offset),
 // 128-byte swizzle (chunk c of row r stored at chunk c ^ (r % 8)); the atoms must be 1024-byte aligned. A K slice
