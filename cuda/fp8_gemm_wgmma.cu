@@ -108,11 +108,19 @@ __device__ __forceinline__ void reduce_slice(unsigned slot_a, unsigned slot_b, b
 // CLUSTER = true: launched in clusters of CS CTAs (cluster dimension set at launch); cluster g takes the whole tiles
 // [g * tiles / G, (g + 1) * tiles / G) and splits their iterations stream-K style over its CTAs, so every shared tile
 // is settled on chip (reduce_slice) with two cluster barriers and no global atomics.
-template <int NT, bool CLUSTER>
+// TMA (the lean instances' `_tma` entry points, kernels.launch_wgmma under RTTS_GEMM_TMA_TOKENS=1): the tokens of every
+// K block this CTA visits and their scales come by tensor-map TMA (xmap: box 128 x NT rows, 128-byte swizzle, rows
+// past M zero-filled by the copy engine), issued by the producer thread right after griddepcontrol.wait and landing
+// on one mbarrier, instead of 16-byte cp.async copies by every consumer thread plus a consumer barrier. Why try it:
+// a lean GEMM's first MMA came ~1.6 us after the wait (bench/results/traces, gemm-chain at 2e47955: wqkv, 1 token),
+// where the 64-row kernel's TMA-streamed tokens took ~0.5. Scales past Mp are left unwritten: those columns' products
+// are zero (their tokens are), are never summed into others, and store_tile drops them.
+template <int NT, bool CLUSTER, bool TMA = false>
 __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const float* __restrict__ sx,
                                           const fp8_t* __restrict__ wp, const float* __restrict__ sw,
                                           bf16_t* __restrict__ y, float* __restrict__ ws, int* __restrict__ counters,
-                                          int M, int N, int K, int Mp, int stages) {
+                                          int M, int N, int K, int Mp, int stages, const TensorMap* xmap = nullptr) {
+    static_assert(!(TMA && CLUSTER), "TMA tokens: global stream-K instances only");
     constexpr int B_BYTES = NT * 128;  // one K block of tokens
     constexpr int R = NT / 2;          // accumulator registers per thread
     // FP8 wgmma accumulates with reduced precision (about 14 mantissa bits, not FP32), so the four k32 MMAs of a
@@ -160,7 +168,8 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     float* s_x = reinterpret_cast<float*>(smem + stages * TILE_BYTES + SLOT_BYTES + nb * B_BYTES);
     float* s_w = s_x + nb * NT;  // iteration j's is sw[it0 + j] (sw is [tiles][KB])
     const unsigned full0 = (smem_u32(s_w + iters) + 7u) & ~7u;
-    const unsigned empty0 = full0 + 8 * stages;  // mbarriers full[stages], empty[stages]
+    const unsigned empty0 = full0 + 8 * stages;  // mbarriers full[stages], empty[stages], (TMA) the tokens'
+    const unsigned tokens_bar = empty0 + 8 * stages;
 
     // Prologue. The producer warp initializes the stage barriers and signals (bar.arrive: it does not wait) that
     // they are ready, then issues the first weight copies; the consumers issue their weight-scale and token copies
@@ -186,17 +195,29 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
                 mbar_init(full0 + 8 * s, 1);                // the producer's arrive (plus the copy's bytes)
                 mbar_init(empty0 + 8 * s, CONSUMERS / 32);  // one arrive per consumer warp
             }
+            if constexpr (TMA) mbar_init(tokens_bar, 1);
             fence_proxy_async();  // the inits are visible to the TMA engine (async proxy)
         }
         __syncwarp();
         named_barrier_arrive(BAR_READY, CONSUMERS + 32);
         if (tid == CONSUMERS) {
+            auto load_tokens = [&]() {  // (TMA) every token block and its scales, written by the kernel ahead
+                pdl_wait();
+                mbar_arrive_expect_tx(tokens_bar, (unsigned)nb * (B_BYTES + 4u * Mp));
+                for (int b = 0; b < nb; ++b) {
+                    const int kb = kb0 + b < KB ? kb0 + b : kb0 + b - KB;
+                    tma_load_2d(b_base + b * B_BYTES, xmap, kb * 128, 0, tokens_bar);
+                    bulk_copy_g2s(smem_u32(s_x + b * NT), sx + (i64)kb * Mp, 4u * Mp, tokens_bar);
+                }
+            };
             for (int j = 0, s = 0, phase = 0; j < iters; ++j) {  // stage s = j % stages, phase = j / stages & 1
+                if (TMA && j == stages) load_tokens();  // after the copies the ring holds (constants)
                 if (j >= stages) mbar_wait(empty0 + 8 * s, phase ^ 1);  // every consumer warp released it
                 mbar_arrive_expect_tx(full0 + 8 * s, TILE_BYTES);
                 bulk_copy_g2s(w_base + s * TILE_BYTES, src + (i64)j * TILE_BYTES, TILE_BYTES, full0 + 8 * s);
                 ring_next(s, phase, stages);
             }
+            if (TMA && iters <= stages) load_tokens();  // the whole range fit in the ring
         }
         if constexpr (!CLUSTER) return;  // the copies complete on their own; the consumers keep the CTA alive
         else {
@@ -213,16 +234,21 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     // tokens, written by the kernel ahead, after it: one group per K block in first-use order (zero fill past M).
     for (int i = tid; i < iters; i += CONSUMERS) cp_async4(smem_u32(s_w + i), sw + it0 + i, true);
     pdl_wait();
-    for (int b = 0; b < nb; ++b) {
-        const int kb = kb0 + b < KB ? kb0 + b : kb0 + b - KB;
-        const unsigned sb = b_base + b * B_BYTES;
-        const int ch = tid & 7;  // 16-byte chunk of the 128-byte row
-        for (int r = tid >> 3; r < NT; r += CONSUMERS / 8) {
-            const bool ok = r < M;
-            cp_async16(sb + sw128_offset(r, ch), x + (i64)(ok ? r : 0) * K + kb * 128 + ch * 16, ok);
-        }
-        if (tid < NT) cp_async4(smem_u32(s_x + b * NT + tid), sx + (i64)kb * Mp + (tid < M ? tid : 0), tid < M);
+    if constexpr (TMA) {  // the producer thread brings the tokens; the weight scales land before the barrier
         cp_async_commit();
+        cp_async_wait<0>();
+    } else {
+        for (int b = 0; b < nb; ++b) {
+            const int kb = kb0 + b < KB ? kb0 + b : kb0 + b - KB;
+            const unsigned sb = b_base + b * B_BYTES;
+            const int ch = tid & 7;  // 16-byte chunk of the 128-byte row
+            for (int r = tid >> 3; r < NT; r += CONSUMERS / 8) {
+                const bool ok = r < M;
+                cp_async16(sb + sw128_offset(r, ch), x + (i64)(ok ? r : 0) * K + kb * 128 + ch * 16, ok);
+            }
+            if (tid < NT) cp_async4(smem_u32(s_x + b * NT + tid), sx + (i64)kb * Mp + (tid < M ? tid : 0), tid < M);
+            cp_async_commit();
+        }
     }
     named_barrier(BAR_READY, CONSUMERS + 32);  // the stage barriers are initialized
 
@@ -235,7 +261,9 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     for (int j = 0, s = 0, phase = 0; j < iters; ++j) {  // stage s = j % stages, phase = j / stages & 1
         // First use of token block j: wait for its copies (every consumer's). Narrow tiles (a few KB of tokens, all
         // landing together) wait for all of them at once: one barrier instead of one per iteration.
-        if (NT <= 16 ? j == 0 : j < nb) {
+        if (TMA && j == 0) {
+            mbar_wait(tokens_bar, 0);
+        } else if (!TMA && (NT <= 16 ? j == 0 : j < nb)) {
             if (NT <= 16)
                 cp_async_wait<0>();
             else
@@ -303,3 +331,9 @@ __global__ void __launch_bounds__(THREADS, 1) fp8_gemm_wgmma(GEMM_PARAMS) { gemm
 
 template <int NT, bool CLUSTER>
 __global__ void __maxnreg__(96) fp8_gemm_wgmma_lean(GEMM_PARAMS) { gemm_body<NT, CLUSTER>(GEMM_ARGS); }
+
+// The lean instances with their tokens by TMA (see gemm_body): xmap over x fp8 [M, K], box 128 x NT rows.
+template <int NT>
+__global__ void __maxnreg__(96) fp8_gemm_wgmma_lean_tma(const __grid_constant__ TensorMap xmap, GEMM_PARAMS) {
+    gemm_body<NT, false, true>(GEMM_ARGS, &xmap);
+}

@@ -49,6 +49,14 @@ def no_pdl() -> bool:
     return _flag("RTTS_NO_PDL")
 
 
+def gemm_tma_tokens() -> bool:
+    """RTTS_GEMM_TMA_TOKENS=1: the lean 128-row FP8 GEMM instances (1-16 tokens, global stream-K) load their tokens by
+    tensor-map TMA from the producer thread instead of cp.async from every consumer (fp8_gemm_wgmma.cu, gemm_body).
+    Off by default: written in session 11 without a GPU left to run it on. To decide: the GPU tests, then
+    `python -m rtts.bench kernels --sections gemm,mlp --m 1,16` with and without it."""
+    return _flag("RTTS_GEMM_TMA_TOKENS")
+
+
 def gemm_cluster() -> int | None:
     """RTTS_GEMM_CLUSTER=N: force the wgmma GEMM's split (1: global stream-K, 2-8: clusters of N CTAs) instead of
     its planner's choice (comparison, bisection)."""

@@ -439,13 +439,50 @@ def test_fp8_gemm_both_tile_heights(rows: int, M: int, N: int, K: int) -> None:
 
 
 @GPU
-@pytest.mark.parametrize("M", [3, 40])  # the 128-row (lean) and the 64-row kernel
-def test_fp8_gemm_pdl_chain(monkeypatch: pytest.MonkeyPatch, M: int) -> None:
+@pytest.mark.parametrize("M", [1, 3, 16])
+@pytest.mark.parametrize("N,K", [(6144, 2560), (2560, 4096), (2560, 9728), (19456, 2560), (256, 384)])
+def test_fp8_gemm_lean_tma_tokens_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, M: int, N: int, K: int) -> None:
+    """RTTS_GEMM_TMA_TOKENS=1 (the lean instances load their tokens by tensor-map TMA): the same bits as the cp.async
+    path on the same plan, eagerly and replayed from a graph, and the split-tile counters end at zero."""
+    from rtts.kernels import _jit
+
+    if not kernels._use_wgmma(torch.device("cuda")) or not _jit.tensor_maps_available():
+        pytest.skip("no wgmma or no tensor maps on this GPU")
+    x, w = _x(M, K, seed=M + 40, device="cuda"), _x(N, K, scale=0.05, seed=N + 41, device="cuda")
+    wq, sw = ref.quantize_weight(w)
+    xq, sx = ref.quantize_1x128(x)
+    wp = kernels.pack_weight(wq)
+    assert kernels._plan(M, N, K, 0).rows == 128
+    monkeypatch.delenv("RTTS_GEMM_TMA_TOKENS", raising=False)
+    want = kernels.fp8_gemm(xq, sx, wp, sw)
+    monkeypatch.setenv("RTTS_GEMM_TMA_TOKENS", "1")
+    for _ in range(3):
+        assert torch.equal(kernels.fp8_gemm(xq, sx, wp, sw), want)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            out = kernels.fp8_gemm(xq, sx, wp, sw)
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(2):
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+    assert int(kernels._streamk(torch.device("cuda"), kernels._sm_count(0)).counters.abs().sum()) == 0
+
+
+@GPU
+@pytest.mark.parametrize("M,tma", [(3, False), (3, True), (40, False)])  # the 128-row (lean) and the 64-row kernel
+def test_fp8_gemm_pdl_chain(monkeypatch: pytest.MonkeyPatch, M: int, tma: bool) -> None:
     """GEMMs launched with programmatic dependent launch start while the previous kernel finishes: a chain where
     each GEMM reads the previous one's output (through the quantize kernel) gives the same bits with and without
-    PDL, eagerly and replayed from a CUDA graph."""
+    PDL, eagerly and replayed from a CUDA graph (the lean kernel also with its tokens by TMA: they are read after
+    griddepcontrol.wait, by the producer thread)."""
     if not kernels._use_wgmma(torch.device("cuda")):
         pytest.skip("no wgmma on this GPU")
+    if tma:
+        monkeypatch.setenv("RTTS_GEMM_TMA_TOKENS", "1")
     ws = [ref.quantize_weight(_x(2560, 2560, scale=0.03, seed=20 + i, device="cuda")) for i in range(6)]
     ws = [(kernels.pack_weight(q), s) for q, s in ws]
     from rtts.kernels import _jit

@@ -389,6 +389,14 @@ def launch_wgmma(plan: WgmmaPlan, xq: torch.Tensor, sx: torch.Tensor, wp: torch.
         _jit.launch(fn, (plan.grid,), (_H_THREADS,), (xmap, sx.data_ptr(), *tail, _i32(plan.tstages),
                                                        _i32(max(1, plan.slots))), shared_mem=plan.smem, pdl=True)
         return y
+    if plan.nt <= _LEAN_NT and plan.cluster == 1 and env.gemm_tma_tokens() and _jit.tensor_maps_available():
+        _check(xq.data_ptr() % 16 == 0 and sx.data_ptr() % 16 == 0, "fp8_gemm: x and sx must be 16-byte aligned")
+        fn = _jit.function("fp8_gemm_wgmma.cu", f"fp8_gemm_wgmma_lean_tma<{plan.nt}>", _WGMMA_INSTANCES)
+        _jit.set_dynamic_smem(fn, plan.smem)
+        xmap = _jit.tensor_map_2d(xq.data_ptr(), M, K, plan.nt, 128)
+        _jit.launch(fn, (plan.grid,), (_WGMMA_THREADS,), (xmap, xq.data_ptr(), sx.data_ptr(), *tail),
+                    shared_mem=plan.smem, pdl=True)
+        return y
     fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(plan.nt, plan.cluster > 1), _WGMMA_INSTANCES)
     _jit.set_dynamic_smem(fn, plan.smem)
     _jit.launch(fn, (plan.grid,), (_WGMMA_THREADS,), (xq.data_ptr(), sx.data_ptr(), *tail), shared_mem=plan.smem,

@@ -98,15 +98,16 @@ def _wgmma_instance(nt: int, cluster: bool) -> str:
 
 
 _WGMMA_INSTANCES = tuple(_wgmma_instance(nt, cl) for nt in _WGMMA_NT for cl in (False, True)
-                         if not (cl and nt > _CLUSTER_NT))
+                         if not (cl and nt > _CLUSTER_NT)) + tuple(
+    f"fp8_gemm_wgmma_lean_tma<{nt}>" for nt in _WGMMA_NT if nt <= _LEAN_NT)
 
 
 def wgmma_smem_bytes(nt: int, blocks: int, stages: int, iters: int, cluster: bool = False) -> int:
     """Dynamic shared memory of one CTA: `stages` 16 KB weight stages, `blocks` K blocks of NT tokens (bytes and
     scales), the weight scales of its `iters` iterations, the parked share of its first tile (cluster settlement),
-    two mbarriers per stage, 1 KB of alignment slack."""
+    two mbarriers per stage and the tokens' (TMA instances), 1 KB of alignment slack."""
     slot = _TILE_ROWS * nt * 4 if cluster else 0
-    return 1024 + stages * _TILE_BYTES + blocks * nt * (128 + 4) + 4 * iters + slot + 16 * stages + 8
+    return 1024 + stages * _TILE_BYTES + blocks * nt * (128 + 4) + 4 * iters + slot + 16 * stages + 16
 
 
 @functools.cache  # pure, and asked on every call of fp8_gemm
