@@ -12,10 +12,12 @@ OPUS_AUTO = -1000  # Fish's "let the encoder choose"
 
 @dataclass(frozen=True)
 class Reference:
-    """One inline voice reference: encoded audio bytes (WAV/MP3/FLAC…, decoded later) and its exact transcript."""
+    """One inline voice reference: encoded audio bytes (WAV/MP3/FLAC…, decoded later), its exact transcript and the
+    speaker it voices (its position in a flat list; its list's position in a list of per-speaker lists)."""
 
     audio: bytes
     text: str
+    speaker: int = 0
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class TTSRequest:
     sample_rate: int | None = None  # None: the format's default (decided by the audio module)
     mp3_bitrate: int = 128  # kbps (a value >= 1000 is taken as bps and converted)
     opus_bitrate: int = OPUS_AUTO  # bps, or OPUS_AUTO; kbps values (0, 1000) from the SDK are converted
-    references: tuple[Reference, ...] = ()  # multi-speaker list-of-lists flattened in order
+    references: tuple[Reference, ...] = ()  # in order; a multi-speaker list of lists flattened, speakers kept
     reference_id: str | None = None  # the first voice id
     reference_ids: tuple[str, ...] = ()  # all voice ids, in order (multi-speaker)
     normalize: bool = True

@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -33,6 +34,12 @@ OnAudio = Callable[[bytes, dict[str, object]], Awaitable[None]]  # encoded audio
 OnFinish = Callable[[str, str | None], Awaitable[None]]  # reason ("stop" | "error"), message
 Alignment = Callable[..., dict[str, object]]  # formats the with-timestamp fields (the transport's wire names)
 
+# Turns a session keeps submitted to its stream beyond the one being streamed out. The rest of its text waits in the
+# session: a stream queues a bounded number of turns (SchedulerConfig.max_queued_turns), and a client may send text
+# without limit (Pipecat: one session, text + flush for every sentence). A few ahead keep the stream busy: its turns
+# run one after another anyway, each conditioned on the one before.
+SUBMIT_AHEAD = 4
+
 
 class SessionError(Exception):
     """Ends the session with finish/error and this message."""
@@ -47,6 +54,10 @@ class SessionMetrics:
     frames: Callable[[int], None] = lambda n: None
 
 
+def _voice_ids(req: TTSRequest) -> tuple[str, ...]:
+    return req.reference_ids or ((req.reference_id,) if req.reference_id else ())
+
+
 def voice_key(req: TTSRequest) -> str:
     """Identifies the voice prompt a request asks for (to reuse an already prefilled stream)."""
     if req.references:
@@ -54,14 +65,16 @@ def voice_key(req: TTSRequest) -> str:
         for r in req.references:
             h.update(hashlib.sha256(r.audio).digest())
             h.update(r.text.encode())
+            h.update(b"%d;" % r.speaker)
         return "inline:" + h.hexdigest()
-    if req.reference_id:
-        return "id:" + req.reference_id
+    if ids := _voice_ids(req):
+        return "id:" + "|".join(ids)  # one id: the key a URL-named voice prefilled at connect gets
     return "none"
 
 
 async def resolve_references(req: TTSRequest, voices: VoiceStore) -> list[Reference]:
-    """Stored voice or inline references -> prompt references (inline audio is encoded off the event loop, once)."""
+    """Stored voices or inline references -> prompt references, each with its speaker number (inline audio is
+    encoded off the event loop, once). Voice id i of a list voices speaker i; every id must exist."""
     if req.references:
         refs = []
         for r in req.references:
@@ -69,19 +82,20 @@ async def resolve_references(req: TTSRequest, voices: VoiceStore) -> list[Refere
                 codes = await asyncio.to_thread(voices.encode, r.audio)
             except (VoiceError, ValueError) as e:
                 raise SessionError(f"reference audio: {e}") from None
-            refs.append(Reference(r.text, torch.from_numpy(codes)))
+            refs.append(Reference(r.text, torch.from_numpy(codes), speaker=r.speaker))
         return refs
-    if req.reference_id:
+    refs = []
+    for i, voice_id in enumerate(_voice_ids(req)):
         try:
-            v = voices.get(req.reference_id)
+            v = voices.get(voice_id)
         except VoiceError as e:
             raise SessionError(str(e)) from None
-        return voice_references(v)
-    return []
+        refs += voice_references(v, speaker=i)
+    return refs
 
 
-def voice_references(voice: Voice) -> list[Reference]:
-    return [Reference(voice.text, torch.from_numpy(voice.codes))]
+def voice_references(voice: Voice, speaker: int = 0) -> list[Reference]:
+    return [Reference(voice.text, torch.from_numpy(voice.codes), speaker=speaker)]
 
 
 def output_spec(req: TTSRequest) -> OutputSpec:
@@ -130,6 +144,10 @@ class Session:
         self.metrics = metrics or SessionMetrics()
         self._fresh = fresh_first_turn
         self._turns: asyncio.Queue[tuple[Outbox, str, _Timing] | None] = asyncio.Queue()
+        self._backlog: deque[tuple[str, _Timing]] = deque()  # segments not submitted yet
+        self._submitted = 0  # turns submitted whose audio is not streamed out yet
+        self._stopping = False  # `stop` arrived: the end marker follows the backlog's last turn
+        self._end_queued = False
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
         self.done = asyncio.Event()  # set once finish was sent
@@ -155,14 +173,20 @@ class Session:
     async def stop(self) -> None:
         """Synthesize what is buffered, stream everything, then finish/stop."""
         self.flush()
-        await self._turns.put(None)
+        self._stopping = True
+        self._pump()
         if self._sender is not None:
             await self._sender
 
+    def drop(self) -> None:
+        """Forget buffered and pending text and cancel the turns in flight (their outboxes end at once)."""
+        self.segmenter.clear()
+        self._backlog.clear()
+        self.handle.cancel()
+
     async def cancel(self) -> None:
         """Drop buffered text and in-flight audio; the session ends with finish/stop."""
-        self.segmenter.clear()
-        self.handle.cancel()
+        self.drop()
         await self.stop()
 
     async def abort(self, message: str) -> None:
@@ -170,6 +194,7 @@ class Session:
         if self._closed:
             return
         self.segmenter.clear()
+        self._backlog.clear()
         self.handle.cancel()
         self._closed = True
         if self._sender is not None and not self._sender.done():
@@ -177,9 +202,17 @@ class Session:
         await self._finish("error", message)
 
     def _speak(self, segments: list[str]) -> None:
-        for seg in segments:
-            if self._closed:
-                return
+        if self._closed:
+            return
+        now = time.perf_counter()
+        self._backlog.extend((seg, _Timing(now)) for seg in segments)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Submit backlog segments while fewer than SUBMIT_AHEAD turns are pending, in order; after `stop`, queue the
+        end marker once the backlog is empty."""
+        while self._backlog and self._submitted < SUBMIT_AHEAD and not self._closed:
+            seg, timing = self._backlog.popleft()
             first_on_reused = self._fresh
             fresh = first_on_reused or not self.req.condition_on_previous_chunks
             self._fresh = False
@@ -187,7 +220,11 @@ class Session:
             # session's audio history shapes this session's waveform (same codes, different PCM than a new socket).
             outbox = self.handle.speak(seg, self.params, latency=self.req.latency, fresh=fresh,
                                        reset_audio=first_on_reused)
-            self._turns.put_nowait((outbox, seg, _Timing(time.perf_counter())))
+            self._turns.put_nowait((outbox, seg, timing))
+            self._submitted += 1
+        if self._stopping and not self._backlog and not self._end_queued:
+            self._end_queued = True
+            self._turns.put_nowait(None)
 
     # ------------------------------------------------------------------ audio out
 
@@ -198,6 +235,8 @@ class Session:
                 if item is None:
                     break
                 await self._stream_turn(*item)
+                self._submitted -= 1
+                self._pump()
             await self._emit(self.rechunker.push(self.encoder.finish()) + self.rechunker.flush(), content="")
             await self._finish("stop")
         except SessionError as e:

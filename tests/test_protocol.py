@@ -224,6 +224,9 @@ def test_references_multi_speaker_flattened_in_order() -> None:
     req = parse_request({"references": refs})
     assert [r.audio for r in req.references] == [b"a0", b"a1", b"b0"]
     assert [r.text for r in req.references] == ["t0", "t1", "u0"]
+    assert [r.speaker for r in req.references] == [0, 0, 1]  # a list per speaker: its clips share the number
+    flat = parse_request({"references": [{"audio": b"a", "text": "t"}, {"audio": b"b", "text": "u"}]})
+    assert [r.speaker for r in flat.references] == [0, 1]  # a flat list: one speaker per reference
 
 
 def test_reference_without_text_tolerated() -> None:

@@ -222,6 +222,98 @@ def test_empty_session_and_unknown_events_ignored(ws: ClientConnection) -> None:
     assert until_finish(ws) == ([], {"event": "finish", "reason": "stop"})
 
 
+def test_many_segments_in_one_session(srv: LiveServer) -> None:
+    """Text without limit in one session (Pipecat: text + flush per sentence, stop only at disconnect; a long text
+    then stop): more segments than a stream queues turns, all spoken, in order, finish/stop; HTTP alike."""
+    n = 24  # beyond the scheduler's 16 queued turns per stream
+    with srv.connect() as ws:
+        ws.send(start_msg(**greedy(max_new_tokens=3)))
+        for i in range(n):
+            ws.send(text_msg(f"Sentence {i}."))
+            ws.send(FLUSH)
+        ws.send(STOP)
+        events, fin = until_finish(ws, timeout=120)
+        assert fin == {"event": "finish", "reason": "stop"}, fin
+        assert len(events) >= n  # a flush sends its turn's audio at once: at least one event per sentence
+    srv.wait_idle()
+    body = {"text": " ".join(f"This is sentence number {i}, long enough to be a segment of its own." for i in range(n)),
+            "format": "pcm", "sample_rate": 8000, **greedy(max_new_tokens=3)}
+    full = httpx.post(srv.http + "/v1/tts", json=body, timeout=120)
+    half = httpx.post(srv.http + "/v1/tts", json={**body, "text": body["text"][: len(body["text"]) // 2]},
+                      timeout=120)
+    assert full.status_code == half.status_code == 200
+    assert len(full.content) > 1.5 * len(half.content)  # every segment spoke: nothing cut at the queue limit
+
+
+def test_late_events_and_pipelined_start(ws: ClientConnection) -> None:
+    """After `stop` the session finishes what it has: a stray text does not abort it, and a `start` sent before
+    the finish (pipelined) begins the next session once the first one's finish is out."""
+    ws.send(start_msg(**greedy(max_new_tokens=8)))
+    ws.send(text_msg("Before the stop."))
+    ws.send(STOP)
+    ws.send(text_msg("A stray text after the stop."))
+    ws.send(start_msg(**greedy(max_new_tokens=8)))
+    ws.send(text_msg("The second session."))
+    ws.send(STOP)
+    for _ in range(2):
+        events, fin = until_finish(ws)
+        assert fin == {"event": "finish", "reason": "stop"} and events, fin
+    assert_usable(ws)
+
+
+@pytest.fixture(scope="module")
+def small_ctx_srv(golden: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A context of 96 positions: a few turns fill it (the error a session can hit by itself)."""
+    s = LiveServer(tiny_config(golden, tmp_path_factory.mktemp("voices"), max_running=2, max_ctx=96))
+    yield s
+    s.stop()
+
+
+def test_a_session_that_failed_by_itself_frees_the_socket(small_ctx_srv: LiveServer) -> None:
+    """A session ended by finish/error from synthesis (here: its context filled up) before the client sent `stop`:
+    the socket takes a new start right away, as after any finish."""
+    with small_ctx_srv.connect() as ws:
+        ws.send(start_msg(**greedy(max_new_tokens=40)))
+        for i in range(6):
+            ws.send(text_msg(f"Sentence number {i} is here."))
+            ws.send(FLUSH)
+        _, fin = until_finish(ws, timeout=60)
+        assert fin["reason"] == "error" and "context" in fin["message"], fin
+        audio, fin = session(ws, ["Hello."], **greedy(max_new_tokens=4))
+        assert fin == {"event": "finish", "reason": "stop"} and audio
+    small_ctx_srv.wait_idle()
+
+
+def test_http_synthesis_failures_are_not_200s_that_look_complete(small_ctx_srv: LiveServer) -> None:
+    """POST /v1/tts failing before any audio answers a JSON error; failing mid-body breaks the chunked transfer
+    (an incomplete read for the client) instead of ending it cleanly with truncated audio."""
+    r = httpx.post(small_ctx_srv.http + "/v1/tts", json={"text": "word " * 200, "format": "pcm"}, timeout=60)
+    assert r.status_code == 500 and "context" in r.json()["message"], r.text
+    body = {"text": " ".join(f"Sentence number {i} is here." for i in range(6)), "format": "pcm",
+            **greedy(max_new_tokens=40)}
+    with pytest.raises(httpx.RemoteProtocolError), \
+            httpx.stream("POST", small_ctx_srv.http + "/v1/tts", json=body, timeout=60) as resp:
+        assert resp.status_code == 200
+        for _ in resp.iter_bytes():
+            pass
+    small_ctx_srv.wait_idle()
+
+
+def test_reference_id_lists_voice_every_speaker(srv: LiveServer, ref_wav: bytes) -> None:
+    """reference_id as a list (multi-speaker): every id is a speaker's voice, so every id must exist."""
+    with httpx.Client(base_url=srv.http, timeout=60) as h:
+        r = h.post("/v1/references/add", data={"id": "speaker-a", "text": REF_TEXT},
+                   files={"audio": ("a.wav", ref_wav)})
+        assert r.status_code == 200, r.text
+    with srv.connect() as ws:
+        ws.send(start_msg(reference_id=["speaker-a", "no-such-voice"]))
+        expect_error(ws, "no-such-voice")
+        audio, fin = session(ws, ["<|speaker:0|>Hi. <|speaker:1|>Hello."], reference_id=["speaker-a", "speaker-a"],
+                             **greedy(max_new_tokens=6))
+        assert fin == {"event": "finish", "reason": "stop"} and audio
+    srv.wait_idle()
+
+
 # ---------------------------------------------------------------------------------------------------- bad inputs
 
 
@@ -270,6 +362,7 @@ def _bad_cases(golden: Path) -> list[tuple[str, Callable[[ClientConnection], Non
         ("over-long reference audio", start_with(references=[{"audio": long_ref, "text": REF_TEXT}]),
          ("reference audio", f"{MAX_REF_SECONDS + 1:.1f} s", "limit")),
         ("unknown reference_id", start_with(reference_id="no-such-voice"), ("unknown reference_id", "no-such-voice")),
+        ("deeply nested msgpack", send(b"\x91" * 100_000 + b"\xc0"), ("nests", "deeply")),
         ("oversize message", send(text_msg("c" * (MAX_MESSAGE + 100))), ("bytes", "limit")),
     ]
 
@@ -497,6 +590,7 @@ def test_http_tts_msgpack_and_json(srv: LiveServer, ref_wav: bytes) -> None:
          "application/json", 400, ("reference audio",)),
         (json.dumps({"text": "x" * (MAX_SESSION_TEXT + 1)}).encode(), "application/json", 413, ("text", "limit")),
         (b"0" * (MAX_MESSAGE + 1), "application/json", 413, ("bytes",)),
+        (b"[" * 100_000 + b"]" * 100_000, "application/json", 400, ("nests", "deeply")),
     ],
 )
 def test_http_errors(srv: LiveServer, content: bytes, ctype: str, status: int, words: tuple[str, ...]) -> None:
@@ -548,7 +642,8 @@ def test_auth(auth_srv: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
     with httpx.Client(base_url=auth_srv.http, timeout=30) as h:
         for method, path in (("POST", "/v1/tts"), ("GET", "/v1/references/list"), ("POST", "/v1/references/add"),
                              ("DELETE", "/v1/references/delete")):
-            for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "secret"}):
+            for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "secret"},
+                            {"authorization": "secret Bearer"}):
                 r = h.request(method, path, json={"text": "hi"}, headers=headers)
                 assert r.status_code == 401, (method, path, headers)
                 assert r.json()["status"] == 401 and r.json()["message"]
@@ -564,8 +659,9 @@ def test_auth(auth_srv: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
         assert b"".join(legacy.tts(ShortLegacyRequest(text="", format="pcm"), iter(["Legacy."])))
     with auth_srv.connect(key="secret") as ws:
         assert session(ws, ["Raw."], max_new_tokens=4)[1]["reason"] == "stop"
-    r = httpx.get(auth_srv.http + "/v1/references/list", headers={"authorization": "Bearer secret"})
-    assert r.status_code == 200 and r.json()["reference_ids"] == []
+    for scheme in ("Bearer", "bearer", "BEARER"):  # the auth scheme is case-insensitive (RFC 7235)
+        r = httpx.get(auth_srv.http + "/v1/references/list", headers={"authorization": f"{scheme} secret"})
+        assert r.status_code == 200 and r.json()["reference_ids"] == []
 
 
 # ------------------------------------------------------------------------------------------- greedy == rtts synth

@@ -32,10 +32,12 @@ Part = str | torch.Tensor  # text, or codes [num_codebooks, frames]
 
 @dataclass(frozen=True)
 class Reference:
-    """A voice reference: its transcript and its codec codes [num_codebooks, frames]."""
+    """A voice reference: its transcript, its codec codes [num_codebooks, frames], and the speaker it voices (None:
+    its position among the references, the numbering of a plain list)."""
 
     text: str
     codes: torch.Tensor
+    speaker: int | None = None
 
 
 class PromptBuilder:
@@ -96,7 +98,8 @@ class PromptBuilder:
             return self.columns(parts)
         if not references:
             return self.columns(["<|im_start|>system\n", "convert the provided text to speech", "<|im_end|>\n"])
-        texts = [r.text if _SPEAKER.search(r.text) else f"<|speaker:{i}|>{r.text}" for i, r in enumerate(references)]
+        texts = [r.text if _SPEAKER.search(r.text) else f"<|speaker:{i if r.speaker is None else r.speaker}|>{r.text}"
+                 for i, r in enumerate(references)]
         codes = torch.cat([self.check_codes(r.codes) for r in references], dim=1)
         return self.columns([
             "<|im_start|>system\n",

@@ -28,6 +28,10 @@ from rtts.ws.runtime import Runtime
 log = logging.getLogger("rtts.http")
 
 
+class SynthesisFailed(RuntimeError):
+    """A /v1/tts synthesis failed after its response started (aborts the chunked body)."""
+
+
 def json_error(status: int, message: str) -> JSONResponse:
     return JSONResponse(error_json(status, message), status_code=status)
 
@@ -35,8 +39,8 @@ def json_error(status: int, message: str) -> JSONResponse:
 def authorized(rt: Runtime, headers: Any) -> bool:
     if not rt.config.api_keys:
         return True
-    auth = headers.get("authorization", "")
-    return auth.startswith("Bearer ") and auth[len("Bearer "):].strip() in rt.config.api_keys
+    scheme, _, key = headers.get("authorization", "").strip().partition(" ")
+    return scheme.lower() == "bearer" and key.strip() in rt.config.api_keys  # the scheme is case-insensitive
 
 
 async def tts(request: Request) -> Response:
@@ -78,13 +82,27 @@ async def tts(request: Request) -> Response:
     session.start()
     session.flush()
     stopper = asyncio.create_task(session.stop())
+    # The slot goes back when the session ends, even if the body below never starts (a client gone before the first
+    # audio: the response is then never iterated, and neither is its `finally`).
+    stopper.add_done_callback(lambda _: handle.close())
+    # The status line waits for the first audio, so a request that fails before any (a bad voice prompt, a full
+    # queue) still gets a JSON error instead of a 200 with an empty body.
+    first = await queue.get()
+    if first is None and failure:
+        handle.close()
+        return json_error(500, f"synthesis failed: {failure[0]}")
 
     async def body_iter() -> AsyncIterator[bytes]:
         try:
-            while (chunk := await queue.get()) is not None:
+            chunk = first
+            while chunk is not None:
                 yield chunk
+                chunk = await queue.get()
             if failure:
-                log.warning("POST /v1/tts ended early: %s", failure[0])
+                # Once the 200 and some audio are out, the only way to say "failed" is to break the chunked body:
+                # the client sees an incomplete transfer instead of truncated audio that looks complete.
+                log.warning("POST /v1/tts failed mid-stream: %s", failure[0])
+                raise SynthesisFailed(failure[0])
         finally:
             handle.cancel()
             handle.close()

@@ -68,6 +68,14 @@ class Connection:
             await self.send(finish_event("error", message))
         self._end_session()
 
+    def _reap(self) -> None:
+        """Forget a session that has ended: drained after `stop`, or finished with an error by itself (a failed turn,
+        a full context), so the socket takes a new `start`."""
+        if self.stopping is not None and self.stopping.done():
+            self._end_session()
+        elif self.session is not None and self.stopping is None and self.session.done.is_set():
+            self._end_session()
+
     def _end_session(self) -> None:
         if self.session is not None:
             self.rt.metrics.sessions.dec()
@@ -85,8 +93,7 @@ class Connection:
                 msg = await self.ws.receive()
                 if msg["type"] == "websocket.disconnect":
                     break
-                if self.stopping is not None and self.stopping.done():
-                    self._end_session()
+                self._reap()
                 if msg.get("bytes") is None:
                     await self.error("text frames are not supported: send msgpack maps in binary frames")
                     continue
@@ -117,6 +124,11 @@ class Connection:
         if ev is None:
             return  # an event from a newer protocol: ignored
         if isinstance(ev, StartEvent):
+            if self.stopping is not None:
+                # Pipelined: the next utterance's start came before the last one's finish. It begins once that
+                # session has drained (its audio and finish go out first).
+                await asyncio.shield(self.stopping)
+                self._reap()
             if self.session is not None:
                 await self.error("'start' received while a session is active; send 'stop' first")
                 return
@@ -126,7 +138,13 @@ class Connection:
             await self.error(f"'{type(ev).__name__.removesuffix('Event').lower()}' before 'start': send start first")
             return
         if self.stopping is not None:
-            await self.error("event after 'stop': wait for finish, then send a new start")
+            # The session is draining after `stop`: finishing what it has is the contract, so a late event does not
+            # abort it (nor gets a finish of its own, which the client would take for its next session's). A cancel
+            # still drops the rest of the audio.
+            if isinstance(ev, CancelEvent):
+                self.session.drop()
+            else:
+                log.warning("%s after 'stop' ignored (the session is finishing)", type(ev).__name__)
             return
         if isinstance(ev, TextEvent):
             self.text_chars += len(ev.text)

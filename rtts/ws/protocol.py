@@ -327,23 +327,25 @@ def _parse_reference_ids(value: Any, name: str, limits: Limits) -> tuple[str, ..
 
 
 def _parse_references(value: Any, name: str, limits: Limits, *, allow_base64: bool) -> tuple[Reference, ...]:
-    """list[{audio, text}] | list[list[{audio, text}]] (multi-speaker) | nil -> flattened references, in order."""
+    """list[{audio, text}] | list[list[{audio, text}]] (multi-speaker) | nil -> flattened references, in order. In a
+    flat list reference i voices speaker i (Fish's numbering); in a list of lists every reference of list i does."""
     if value is None:
         return ()
     if not isinstance(value, (list, tuple)):
         raise ProtocolError(f"{name} must be a list of {{audio, text}} maps, got {_describe(value)}")
-    items: list[tuple[str, Any]] = []
+    items: list[tuple[str, Any, int]] = []
     for i, item in enumerate(value):
         if isinstance(item, (list, tuple)):  # one speaker's references
-            items.extend((f"{name}[{i}][{j}]", sub) for j, sub in enumerate(item))
+            items.extend((f"{name}[{i}][{j}]", sub, i) for j, sub in enumerate(item))
         else:
-            items.append((f"{name}[{i}]", item))
+            items.append((f"{name}[{i}]", item, i))
     if len(items) > limits.max_references:
         raise ProtocolError(f"{name} has {len(items)} references, the limit is {limits.max_references}", status=413)
-    return tuple(_parse_reference(item, where, limits, allow_base64=allow_base64) for where, item in items)
+    return tuple(_parse_reference(item, where, limits, speaker, allow_base64=allow_base64)
+                 for where, item, speaker in items)
 
 
-def _parse_reference(value: Any, name: str, limits: Limits, *, allow_base64: bool) -> Reference:
+def _parse_reference(value: Any, name: str, limits: Limits, speaker: int, *, allow_base64: bool) -> Reference:
     if not isinstance(value, Mapping):
         raise ProtocolError(f"{name} must be a map with audio and text, got {_describe(value)}")
     f = _Fields(value, name)
@@ -355,7 +357,7 @@ def _parse_reference(value: Any, name: str, limits: Limits, *, allow_base64: boo
             f"{f.name('audio')} is {len(audio)} bytes, the limit is {limits.max_reference_bytes}", status=413
         )
     # A missing transcript is tolerated (the engine may refuse or transcribe); a wrong type is not.
-    return Reference(audio=audio, text=f.get_str("text", ""))
+    return Reference(audio=audio, text=f.get_str("text", ""), speaker=speaker)
 
 
 def _reference_audio(value: Any, name: str, *, allow_base64: bool) -> bytes:
@@ -465,6 +467,8 @@ def _looks_like_json(data: bytes) -> bool:
 def _unpack(data: bytes) -> Any:
     try:
         return msgspec.msgpack.decode(data)
+    except RecursionError:  # containers nested deeper than the decoder recurses: never a valid event
+        raise ProtocolError("message nests containers too deeply") from None
     except msgspec.DecodeError as e:
         if _looks_like_json(data):
             raise ProtocolError("message looks like JSON; this endpoint expects MessagePack in binary frames") from None
@@ -479,11 +483,15 @@ def decode_http_body(body: bytes, content_type: str, limits: Limits = Limits()) 
     if kind == "msgpack":
         try:
             obj = msgspec.msgpack.decode(body)
+        except RecursionError:
+            raise ProtocolError("request body nests containers too deeply") from None
         except msgspec.DecodeError as e:
             raise ProtocolError(f"request body is not valid MessagePack ({e})") from None
     else:
         try:
             obj = msgspec.json.decode(body)
+        except RecursionError:
+            raise ProtocolError("request body nests containers too deeply") from None
         except msgspec.DecodeError as e:
             raise ProtocolError(f"request body is not valid JSON ({e})") from None
     if not isinstance(obj, Mapping):
