@@ -139,6 +139,23 @@ def test_s2_prompts(golden: Path, s2: LoadedModel, case_name: str) -> None:
         history.append((batch, torch.from_numpy(np.load(fx / case_name / f"b{i}.codes.npy"))))
 
 
+def test_s2_system_prompt_numbers_speakers(s2: LoadedModel) -> None:
+    """References carry their speaker: a speaker's several clips share its number (a per-speaker list of
+    references); without one, reference i is speaker i (the plain list the fixtures use); a tagged text is kept."""
+    builder = PromptBuilder(s2.tokenizer, s2.config.num_codebooks, "s2", s2.config.codebook_size)
+    codes = torch.zeros(s2.config.num_codebooks, 2, dtype=torch.int64)
+    refs = [Reference("a one", codes, speaker=0), Reference("a two", codes, speaker=0), Reference("b one", codes, 1)]
+    plain = [Reference("a one", codes), Reference("a two", codes), Reference("b one", codes)]
+
+    def texts(rs: list[Reference]) -> str:
+        row = builder.system(rs)[0]
+        return s2.tokenizer.decode([int(t) for t in row if int(t) < s2.tokenizer.semantic_begin_id])
+
+    assert "<|speaker:0|>a one\n<|speaker:0|>a two\n<|speaker:1|>b one" in texts(refs)
+    assert "<|speaker:0|>a one\n<|speaker:1|>a two\n<|speaker:2|>b one" in texts(plain)
+    assert "<|speaker:5|>tagged" in texts([Reference("<|speaker:5|>tagged", codes, speaker=1)])
+
+
 @pytest.mark.parametrize("layout", ["single", "sharded"])
 @pytest.mark.parametrize("case_name", S2_CASES)
 def test_s2_greedy(golden: Path, s2: LoadedModel, s2_sharded: LoadedModel, case_name: str, layout: str) -> None:
