@@ -266,9 +266,11 @@ class Session:
                 if item.reason == FinishReason.ERROR:
                     raise SessionError(item.message or "synthesis failed")
                 if item.reason == FinishReason.CONTEXT:
-                    # Never end audio silently mid-sentence: a full context is an error the client must see.
-                    raise SessionError("the conversation filled this stream's context; start a new session or "
-                                       "send condition_on_previous_chunks: false")
+                    # Never end audio silently mid-sentence: a full context is an error the client must see. (A turn
+                    # starts from the voice prompt when the conversation leaves too little room, so only one turn's
+                    # own text and audio can fill it.)
+                    raise SessionError("one turn's text and audio filled the stream's context; send shorter text "
+                                       "segments or a lower max_new_tokens")
                 # Audio of the turn may sit in the rechunker; it goes out with the next turn's audio or at finish,
                 # except at a flush boundary, where the client is waiting for it.
                 await self._emit(self.rechunker.flush(), content=text, timing=timing)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import random
+import string
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -261,6 +263,10 @@ def test_late_events_and_pipelined_start(ws: ClientConnection) -> None:
     assert_usable(ws)
 
 
+# One 290-letter word: a segment of its own that no context of 96 positions holds (the tiny tokenizer spells it).
+UNSPLITTABLE = "".join(random.Random(0).choice(string.ascii_lowercase) for _ in range(290))
+
+
 @pytest.fixture(scope="module")
 def small_ctx_srv(golden: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """A context of 96 positions: a few turns fill it (the error a session can hit by itself)."""
@@ -270,13 +276,12 @@ def small_ctx_srv(golden: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 
 def test_a_session_that_failed_by_itself_frees_the_socket(small_ctx_srv: LiveServer) -> None:
-    """A session ended by finish/error from synthesis (here: its context filled up) before the client sent `stop`:
-    the socket takes a new start right away, as after any finish."""
+    """A session ended by finish/error from synthesis (here: a segment longer than the whole context) before the
+    client sent `stop`: the socket takes a new start right away, as after any finish."""
     with small_ctx_srv.connect() as ws:
-        ws.send(start_msg(**greedy(max_new_tokens=40)))
-        for i in range(6):
-            ws.send(text_msg(f"Sentence number {i} is here."))
-            ws.send(FLUSH)
+        ws.send(start_msg(chunk_length=300, **greedy(max_new_tokens=30)))
+        ws.send(text_msg(UNSPLITTABLE))
+        ws.send(FLUSH)
         _, fin = until_finish(ws, timeout=60)
         assert fin["reason"] == "error" and "context" in fin["message"], fin
         audio, fin = session(ws, ["Hello."], **greedy(max_new_tokens=4))
@@ -284,19 +289,60 @@ def test_a_session_that_failed_by_itself_frees_the_socket(small_ctx_srv: LiveSer
     small_ctx_srv.wait_idle()
 
 
+def test_a_long_conversation_outlives_its_context(small_ctx_srv: LiveServer) -> None:
+    """Pipecat keeps one session for a whole call: when the conversation leaves no room for the next turn and its
+    audio, the turn starts again from the voice prompt instead of failing (96 positions hold about one turn here)."""
+    with small_ctx_srv.connect() as ws:
+        ws.send(start_msg(**greedy(max_new_tokens=30)))
+        for i in range(8):
+            ws.send(text_msg(f"Sentence number {i} is here."))
+            ws.send(FLUSH)
+        ws.send(STOP)
+        events, fin = until_finish(ws, timeout=60)
+        assert fin == {"event": "finish", "reason": "stop"}, fin
+        assert len(events) >= 8
+    small_ctx_srv.wait_idle()
+
+
 def test_http_synthesis_failures_are_not_200s_that_look_complete(small_ctx_srv: LiveServer) -> None:
     """POST /v1/tts failing before any audio answers a JSON error; failing mid-body breaks the chunked transfer
     (an incomplete read for the client) instead of ending it cleanly with truncated audio."""
-    r = httpx.post(small_ctx_srv.http + "/v1/tts", json={"text": "word " * 200, "format": "pcm"}, timeout=60)
+    r = httpx.post(small_ctx_srv.http + "/v1/tts", json={"text": UNSPLITTABLE, "chunk_length": 300, "format": "pcm"},
+                   timeout=60)
     assert r.status_code == 500 and "context" in r.json()["message"], r.text
-    body = {"text": " ".join(f"Sentence number {i} is here." for i in range(6)), "format": "pcm",
-            **greedy(max_new_tokens=40)}
+    body = {"text": "Hello there. " + UNSPLITTABLE, "chunk_length": 300, "format": "pcm", **greedy(max_new_tokens=30)}
     with pytest.raises(httpx.RemoteProtocolError), \
             httpx.stream("POST", small_ctx_srv.http + "/v1/tts", json=body, timeout=60) as resp:
         assert resp.status_code == 200
         for _ in resp.iter_bytes():
             pass
     small_ctx_srv.wait_idle()
+
+
+def test_voice_change_at_capacity(golden: Path, tmp_path: Path, ref_wav: bytes) -> None:
+    """One slot, one socket: a session with another voice closes the socket's stream and opens a new one, whose
+    slot is the one just given back (freed asynchronously by the decode thread): never refused as busy. The release
+    is slowed down here so the race is lost every time instead of now and then."""
+    s = LiveServer(tiny_config(golden, tmp_path, max_running=1))
+    slots = s.rt.scheduler.slots
+    release = slots.release
+
+    def slow_release(*args: Any) -> None:
+        time.sleep(0.05)
+        release(*args)
+
+    slots.release = slow_release  # type: ignore[method-assign]
+    try:
+        for v in ("voice-1", "voice-2"):
+            r = httpx.post(s.http + "/v1/references/add", data={"id": v, "text": REF_TEXT},
+                           files={"audio": ("a.wav", ref_wav)}, timeout=60)
+            assert r.status_code == 200, r.text
+        with s.connect() as ws:
+            for i in range(12):
+                _, fin = session(ws, ["Okay."], reference_id=f"voice-{i % 2 + 1}", **greedy(max_new_tokens=2))
+                assert fin == {"event": "finish", "reason": "stop"}, (i, fin)
+    finally:
+        s.stop()
 
 
 def test_reference_id_lists_voice_every_speaker(srv: LiveServer, ref_wav: bytes) -> None:

@@ -126,6 +126,15 @@ class PrefillWorker:
             self.to_codec.put(CodecReset(stream.slot))
         try:
             job.columns = self.builder.turn(turn.text, after_turn=stream.turn_open)
+            if not turn.fresh and eng.room(stream.slot) < job.columns.shape[1] + turn.params.max_frames + 1:
+                # The conversation so far leaves no room for this turn and all the audio it may generate: forget it
+                # (keep the voice prompt), as a fresh turn does, rather than refuse the turn or cut it mid-sentence.
+                # A long call never ends its session (Pipecat sends stop only when it hangs up).
+                log.info("stream %d: context full after %d positions, turn starts from the voice prompt",
+                         stream.id, eng.host_pos[stream.slot])
+                eng.rewind(stream.slot, stream.voice_len)
+                stream.turn_open = False
+                job.columns = self.builder.turn(turn.text, after_turn=False)
             eng.check_room(stream.slot, job.columns.shape[1], sample=True)
             eng.set_params(stream.slot, turn.params)
         except (PromptError, ContextFullError, ValueError) as e:

@@ -34,6 +34,8 @@ from rtts.ws.runtime import Runtime
 
 log = logging.getLogger("rtts.live")
 
+SLOT_RELEASE_TIMEOUT = 5.0  # seconds a voice change waits for its old slot (normally one decode step)
+
 
 class Connection:
     def __init__(self, ws: WebSocket, rt: Runtime, timestamps: bool) -> None:
@@ -174,8 +176,12 @@ class Connection:
             else:
                 refs = await resolve_references(req, self.rt.voices)
                 if self.handle is not None:
+                    # Another voice: this connection's slot goes back (asynchronously, once no step in flight uses
+                    # it) and is taken again, so wait for it: at capacity another open would find every slot busy.
+                    old = self.handle.stream
                     self.handle.close()
                     self.handle = None
+                    await asyncio.to_thread(old.released.wait, SLOT_RELEASE_TIMEOUT)
                 self.handle = self.rt.scheduler.open(refs)
                 self.handle_voice = key
             session = Session(
