@@ -61,6 +61,6 @@ class Limits:
 
     max_message_bytes: int = 64 << 20  # one WS frame or one HTTP body
     max_text_chars: int = 10_000  # one `text` event (and `start.request.text` on WS)
-    max_session_text_chars: int = 100_000  # a whole session (enforced by the session) and an HTTP request's text
+    max_session_text_chars: int = 100_000  # a session's text not yet spoken, and an HTTP request's text
     max_references: int = 8  # inline references after flattening; also caps reference_id lists
     max_reference_bytes: int = 20 << 20  # one reference's audio

@@ -106,6 +106,9 @@ def output_spec(req: TTSRequest) -> OutputSpec:
 
 def sampling_params(req: TTSRequest, model_format: str) -> SamplingParams:
     top_k = req.top_k if req.top_k is not None else (30 if model_format == "s2" else 0)
+    if req.temperature == 0.0 or req.top_p == 0.0:  # the limit of either: always the most likely token
+        return SamplingParams(temperature=1.0, top_p=1.0, top_k=1, repetition_penalty=req.repetition_penalty,
+                              seed=req.seed, max_frames=req.max_new_tokens)
     return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=top_k,
                           repetition_penalty=req.repetition_penalty, seed=req.seed, max_frames=req.max_new_tokens)
 
@@ -177,6 +180,10 @@ class Session:
         self._pump()
         if self._sender is not None:
             await self._sender
+
+    def unspoken_chars(self) -> int:
+        """Characters received and not yet handed to the stream: the segmenter's buffer and the backlog."""
+        return len(self.segmenter.pending) + sum(len(seg) for seg, _ in self._backlog)
 
     def drop(self) -> None:
         """Forget buffered and pending text and cancel the turns in flight (their outboxes end at once)."""

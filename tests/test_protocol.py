@@ -344,11 +344,9 @@ def test_wrong_types(request_: Any, words: list[str]) -> None:
 @pytest.mark.parametrize(
     ("request_", "words"),
     [
-        ({"temperature": 0.0}, ["temperature", "(0, 2)"]),
         ({"temperature": 2.0}, ["temperature"]),
         ({"temperature": -1}, ["temperature"]),
         ({"temperature": float("nan")}, ["temperature"]),
-        ({"top_p": 0}, ["top_p", "(0, 1]"]),
         ({"top_p": 1.5}, ["top_p"]),
         ({"max_new_tokens": 0}, ["max_new_tokens", "[1, 4096]"]),
         ({"max_new_tokens": 5000}, ["max_new_tokens"]),
@@ -598,3 +596,14 @@ def test_round_trip_client_events() -> None:
         assert decode_client_message(pack(wire)) == event
     # extra keys on any event are ignored
     assert decode_client_message(pack({"event": "flush", "id": 7})) == FlushEvent()
+
+
+def test_zero_temperature_or_top_p_is_greedy() -> None:
+    """The SDK and Pipecat allow temperature and top_p of 0 (their ranges are 0..1): accepted, and decoded greedily."""
+    from rtts.session import sampling_params
+
+    for fields in ({"temperature": 0.0}, {"top_p": 0}, {"temperature": 0, "top_p": 0.0}):
+        p = sampling_params(parse_request(fields), "s2")
+        p.validate()
+        assert p.top_k == 1, fields
+    assert sampling_params(parse_request({"temperature": 0.5}), "s2").top_k == 30

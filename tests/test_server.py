@@ -9,6 +9,7 @@ the `cancel` extension, the timestamp endpoint, HTTP `/v1/tts`, health and metri
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import random
@@ -247,6 +248,24 @@ def test_many_segments_in_one_session(srv: LiveServer) -> None:
     assert len(full.content) > 1.5 * len(half.content)  # every segment spoke: nothing cut at the queue limit
 
 
+def test_a_session_may_say_more_than_the_text_limit(ws: ClientConnection) -> None:
+    """The session text limit bounds text not yet spoken, not a long call's total (Pipecat keeps one session)."""
+    ws.send(start_msg(**greedy(max_new_tokens=2)))
+    sentence = "A sentence of a long call. "
+    said = 0
+    while said <= 2 * MAX_SESSION_TEXT:
+        text = sentence * (MAX_TEXT // len(sentence))
+        ws.send(text_msg(text))
+        ws.send(FLUSH)
+        said += len(text)
+        with contextlib.suppress(TimeoutError):  # until it is spoken: a second without audio
+            while True:
+                assert recv_event(ws, 1.0)["event"] == "audio"
+    ws.send(STOP)
+    _, fin = until_finish(ws, timeout=120)
+    assert fin == {"event": "finish", "reason": "stop"}, fin
+
+
 def test_late_events_and_pipelined_start(ws: ClientConnection) -> None:
     """After `stop` the session finishes what it has: a stray text does not abort it, and a `start` sent before
     the finish (pipelined) begins the next session once the first one's finish is out."""
@@ -399,9 +418,9 @@ def _bad_cases(golden: Path) -> list[tuple[str, Callable[[ClientConnection], Non
         ("request not a map", send(pack({"event": "start", "request": [1]})), ("start.request", "map")),
         ("start text over the limit", start_with(text="a" * (MAX_TEXT + 1)), ("start.request.text", "limit")),
         ("text event over the limit", send(start_msg(), text_msg("b" * (MAX_TEXT + 1))), ("text", "limit")),
-        ("session text over the limit",
+        ("unspoken text over the limit",
          send(start_msg(), *[text_msg("word " * (MAX_TEXT // 5)) for _ in range(MAX_SESSION_TEXT // MAX_TEXT + 1)]),
-         ("session text", "limit")),
+         ("unspoken text", "limit")),
         ("undecodable reference audio", start_with(references=[{"audio": b"this is not audio" * 8, "text": "x"}]),
          ("reference audio", "decode")),
         ("empty reference audio", start_with(references=[{"audio": b"", "text": "x"}]), ("audio", "empty")),

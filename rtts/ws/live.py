@@ -45,7 +45,6 @@ class Connection:
         self.handle: StreamHandle | None = None
         self.handle_voice = ""
         self._send_lock = asyncio.Lock()
-        self.text_chars = 0
 
     # ------------------------------------------------------------------ sending
 
@@ -83,7 +82,6 @@ class Connection:
             self.rt.metrics.sessions.dec()
         self.session = None
         self.stopping = None
-        self.text_chars = 0
 
     # ------------------------------------------------------------------ the loop
 
@@ -149,9 +147,10 @@ class Connection:
                 log.warning("%s after 'stop' ignored (the session is finishing)", type(ev).__name__)
             return
         if isinstance(ev, TextEvent):
-            self.text_chars += len(ev.text)
-            if self.text_chars > self.rt.config.limits.max_session_text_chars:
-                await self.error(f"session text over the limit of {self.rt.config.limits.max_session_text_chars} "
+            # Text waiting to be spoken is bounded, not the session's total: a call that lasts hours (Pipecat keeps
+            # one session) may say any amount.
+            if self.session.unspoken_chars() + len(ev.text) > self.rt.config.limits.max_session_text_chars:
+                await self.error(f"unspoken text over the limit of {self.rt.config.limits.max_session_text_chars} "
                                  "characters")
                 return
             self.session.text(ev.text)
@@ -198,7 +197,6 @@ class Connection:
             return
         self.session = session
         self.rt.metrics.sessions.inc()
-        self.text_chars = len(req.text)
         session.start()
 
     async def _teardown(self) -> None:

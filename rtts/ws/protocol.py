@@ -202,8 +202,9 @@ def parse_request(obj: Any, limits: Limits = Limits(), http: bool = False, *, pa
         normalize=f.get_bool("normalize", True),
         latency=_parse_latency(f),
         prosody=_parse_prosody(f.raw("prosody"), f.name("prosody")),
-        top_p=_ranged_float(f, "top_p", 0.7, 0.0, 1.0, lo_open=True),
-        temperature=_ranged_float(f, "temperature", 0.7, 0.0, 2.0, lo_open=True, hi_open=True),
+        # 0 is allowed (the SDK's and Pipecat's ranges are 0..1) and means greedy (session.sampling_params).
+        top_p=_ranged_float(f, "top_p", 0.7, 0.0, 1.0),
+        temperature=_ranged_float(f, "temperature", 0.7, 0.0, 2.0, hi_open=True),
         top_k=_parse_top_k(f),
         seed=_parse_seed(f),
         max_new_tokens=_ranged_int(f, "max_new_tokens", 1024, 1, 4096),
