@@ -338,10 +338,10 @@ def test_http_synthesis_failures_are_not_200s_that_look_complete(small_ctx_srv: 
     small_ctx_srv.wait_idle()
 
 
-def test_voice_change_at_capacity(golden: Path, tmp_path: Path, ref_wav: bytes) -> None:
-    """One slot, one socket: a session with another voice closes the socket's stream and opens a new one, whose
-    slot is the one just given back (freed asynchronously by the decode thread): never refused as busy. The release
-    is slowed down here so the race is lost every time instead of now and then."""
+def test_voice_change_and_reconnect_at_capacity(golden: Path, tmp_path: Path, ref_wav: bytes) -> None:
+    """One slot: a session with another voice on the socket, or a new socket right after a barge-in closed the old
+    one, gets the slot just given back (freed asynchronously by the decode thread): never refused as busy. The
+    release is slowed down here so the race is lost every time instead of now and then."""
     s = LiveServer(tiny_config(golden, tmp_path, max_running=1))
     slots = s.rt.scheduler.slots
     release = slots.release
@@ -360,6 +360,16 @@ def test_voice_change_at_capacity(golden: Path, tmp_path: Path, ref_wav: bytes) 
             for i in range(12):
                 _, fin = session(ws, ["Okay."], reference_id=f"voice-{i % 2 + 1}", **greedy(max_new_tokens=2))
                 assert fin == {"event": "finish", "reason": "stop"}, (i, fin)
+        for _ in range(3):  # barge-in (Pipecat): stop and close mid-generation, reconnect, start at once
+            with s.connect() as ws:
+                ws.send(start_msg(**greedy(max_new_tokens=200)))
+                ws.send(text_msg(LONG_TEXT))
+                ws.send(FLUSH)
+                assert recv_event(ws)["event"] == "audio"
+                ws.send(STOP)
+            with s.connect() as ws:
+                _, fin = session(ws, ["Okay."], **greedy(max_new_tokens=2))
+                assert fin == {"event": "finish", "reason": "stop"}, fin
     finally:
         s.stop()
 

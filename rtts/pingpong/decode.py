@@ -116,7 +116,6 @@ class DecodeWorker:
                     self.engine.cancel(msg.stream.slot)
                     self._retire(cur, FinishReason.CANCELLED, advance=False)
                 self.slots.release(msg.stream.slot, self.dev.record())
-                msg.stream.released.set()
         return True
 
     # ------------------------------------------------------------------ one step

@@ -74,7 +74,6 @@ class Stream:
     # included this slot; the next prefill on the slot waits for it (GPU ordering, no host sync)
     decode_done: torch.cuda.Event | None = None
     error: str = ""  # set when the voice prompt failed: every later turn fails with this message
-    released: threading.Event = field(default_factory=threading.Event)  # set once its slot is free again
 
     def submit(self, turn: Turn) -> bool:
         """Queue a turn; True if it should start now (the stream was idle)."""

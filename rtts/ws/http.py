@@ -56,7 +56,7 @@ async def tts(request: Request) -> Response:
         if not req.text.strip():
             raise ProtocolError("text is empty")
         refs = await resolve_references(req, rt.voices)
-        handle = rt.scheduler.open(refs)
+        handle = await rt.open_stream(refs)
     except ProtocolError as e:
         # Its status says what kind of refusal it is (413 too large, 415 bad content type); not always 400.
         return json_error(e.status, str(e))

@@ -34,8 +34,6 @@ from rtts.ws.runtime import Runtime
 
 log = logging.getLogger("rtts.live")
 
-SLOT_RELEASE_TIMEOUT = 5.0  # seconds a voice change waits for its old slot (normally one decode step)
-
 
 class Connection:
     def __init__(self, ws: WebSocket, rt: Runtime, timestamps: bool) -> None:
@@ -174,14 +172,10 @@ class Connection:
                 fresh = True  # same voice as the prefilled stream: reuse it, forgetting the previous session's turns
             else:
                 refs = await resolve_references(req, self.rt.voices)
-                if self.handle is not None:
-                    # Another voice: this connection's slot goes back (asynchronously, once no step in flight uses
-                    # it) and is taken again, so wait for it: at capacity another open would find every slot busy.
-                    old = self.handle.stream
+                if self.handle is not None:  # another voice: the slot goes back (open_stream waits for it)
                     self.handle.close()
                     self.handle = None
-                    await asyncio.to_thread(old.released.wait, SLOT_RELEASE_TIMEOUT)
-                self.handle = self.rt.scheduler.open(refs)
+                self.handle = await self.rt.open_stream(refs)
                 self.handle_voice = key
             session = Session(
                 req, self.handle, self._on_audio, self._on_finish, self.rt.model_format, self.rt.sample_rate,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,8 +16,9 @@ from rtts.audio.io import AudioError, read_audio
 from rtts.engine.engine import DEFAULT_PREFILL_ROWS, Engine
 from rtts.model.codec import Codec, load_codec
 from rtts.model.loading import LoadedModel, load_model
+from rtts.model.prompt import Reference
 from rtts.model.random_checkpoint import ensure_default_checkpoint
-from rtts.pingpong import Scheduler, SchedulerConfig
+from rtts.pingpong import NoSlotError, Scheduler, SchedulerConfig, StreamHandle
 from rtts.startup import freeze_startup_objects
 from rtts.types import SamplingParams
 from rtts.voices import VoiceError, VoiceStore
@@ -24,6 +27,8 @@ from rtts.ws.protocol import Limits
 
 log = logging.getLogger("rtts.server")
 
+
+SLOT_WAIT = 2.0  # seconds a new session waits for a slot at capacity (Runtime.open_stream)
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -114,6 +119,19 @@ class Runtime:
         if self.default_model:
             log.warning("serving the embedded default model: tiny random weights, it produces NOISE, not speech. "
                         "Pass --checkpoint DIR (fishaudio/s2-pro or openaudio-s1-mini) for real voices.")
+
+    async def open_stream(self, references: Sequence[Reference] = ()) -> StreamHandle:
+        """A stream for a session; when every slot is busy, wait up to SLOT_WAIT for one. A slot given back (a
+        socket's voice change, a barge-in's close before its reconnect) is freed asynchronously, once no decode step
+        in flight uses it: without the wait the very next open is refused at capacity. NoSlotError after that."""
+        deadline = time.monotonic() + SLOT_WAIT
+        while True:
+            try:
+                return self.scheduler.open(references)
+            except NoSlotError:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.01)
 
     def stop(self) -> None:
         self.ready = False
