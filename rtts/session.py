@@ -154,6 +154,7 @@ class Session:
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
         self.done = asyncio.Event()  # set once finish was sent
+        self.failed = False  # it finished with an error
         self.chunk_seq = 0
         self.audio_seconds = 0.0  # output timeline, for alignment offsets
         self.segments: list[dict[str, object]] = []
@@ -307,6 +308,7 @@ class Session:
         if self.done.is_set():
             return
         self._closed = True
+        self.failed = reason == "error"
         self.done.set()
         try:
             await self.on_finish(reason, message)

@@ -305,6 +305,16 @@ def test_a_session_that_failed_by_itself_frees_the_socket(small_ctx_srv: LiveSer
         assert fin["reason"] == "error" and "context" in fin["message"], fin
         audio, fin = session(ws, ["Hello."], **greedy(max_new_tokens=4))
         assert fin == {"event": "finish", "reason": "stop"} and audio
+    with small_ctx_srv.connect() as ws:  # Pipecat: start once, then text + flush for the whole call, never a start
+        ws.send(start_msg(chunk_length=300, **greedy(max_new_tokens=4)))
+        ws.send(text_msg(UNSPLITTABLE))
+        ws.send(FLUSH)
+        assert until_finish(ws, timeout=60)[1]["reason"] == "error"
+        ws.send(text_msg("Still there?"))  # resumes a session with the same start request
+        ws.send(FLUSH)
+        assert recv_event(ws)["event"] == "audio"
+        ws.send(STOP)
+        assert until_finish(ws)[1] == {"event": "finish", "reason": "stop"}
     small_ctx_srv.wait_idle()
 
 
@@ -360,6 +370,18 @@ def test_voice_change_and_reconnect_at_capacity(golden: Path, tmp_path: Path, re
             for i in range(12):
                 _, fin = session(ws, ["Okay."], reference_id=f"voice-{i % 2 + 1}", **greedy(max_new_tokens=2))
                 assert fin == {"event": "finish", "reason": "stop"}, (i, fin)
+        with s.connect() as holder, s.connect() as ws:  # no slot for a start: its later text resumes it
+            holder.send(start_msg(**greedy(max_new_tokens=2)))
+            ws.send(start_msg(**greedy(max_new_tokens=2)))
+            expect_error(ws, "too many concurrent sessions")
+            holder.send(STOP)
+            assert until_finish(holder)[1]["reason"] == "stop"
+            holder.close()
+            ws.send(text_msg("Now there is room."))
+            ws.send(FLUSH)
+            assert recv_event(ws)["event"] == "audio"
+            ws.send(STOP)
+            assert until_finish(ws)[1] == {"event": "finish", "reason": "stop"}
         for _ in range(3):  # barge-in (Pipecat): stop and close mid-generation, reconnect, start at once
             with s.connect() as ws:
                 ws.send(start_msg(**greedy(max_new_tokens=200)))
@@ -496,8 +518,10 @@ def test_too_many_sessions(srv: LiveServer) -> None:
             c.send(FLUSH)
         conns[4].send(start_msg())
         expect_error(conns[4], "too many concurrent sessions")
-        conns[4].send(text_msg("no session"))  # the refused socket has no session; it is still open and answers
-        expect_error(conns[4], "before", "start")
+        conns[4].send(text_msg("no session"))  # the refused socket is open; its text asks for the session again
+        expect_error(conns[4], "too many concurrent sessions")
+        conns[4].send(STOP)  # the client gives up: nothing to resume any more
+        expect_error(conns[4], "stop", "before", "start")
         conns[0].send(STOP)
         events, fin = until_finish(conns[0])
         assert fin["reason"] == "stop"

@@ -10,6 +10,7 @@ voice; a voice named in the URL (`?reference_id=…`) is prefilled as the socket
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any
 
@@ -39,6 +40,10 @@ class Connection:
     def __init__(self, ws: WebSocket, rt: Runtime, timestamps: bool) -> None:
         self.ws, self.rt, self.timestamps = ws, rt, timestamps
         self.session: Session | None = None
+        self.started: StartEvent | None = None  # the start of the current session
+        # The start to resume when text arrives with no session: that of a session the server ended with an error,
+        # or one refused for want of a slot (see _handle).
+        self.resume: StartEvent | None = None
         self.stopping: asyncio.Task[None] | None = None
         self.handle: StreamHandle | None = None
         self.handle_voice = ""
@@ -73,6 +78,8 @@ class Connection:
         if self.stopping is not None and self.stopping.done():
             self._end_session()
         elif self.session is not None and self.stopping is None and self.session.done.is_set():
+            if self.session.failed:
+                self.resume = self.started
             self._end_session()
 
     def _end_session(self) -> None:
@@ -132,6 +139,17 @@ class Connection:
                 return
             await self._start(ev)
             return
+        if self.session is None and self.resume is not None and isinstance(ev, (TextEvent, FlushEvent)):
+            # Pipecat sends `start` once per connection, then text + flush for the whole call, and reconnects only
+            # when the socket closes: after a session the server ended (a failed turn, no free slot), its next text
+            # resumes one with the same request rather than failing "before start" for the rest of the call.
+            start, self.resume = self.resume, None
+            log.info("text after a failed session: resuming it with the same start request")
+            await self._start(StartEvent(dataclasses.replace(start.request, text="")))
+            if self.session is None:
+                return  # refused again, and said so
+        if isinstance(ev, StopEvent):
+            self.resume = None  # the client is done
         if self.session is None:
             await self.error(f"'{type(ev).__name__.removesuffix('Event').lower()}' before 'start': send start first")
             return
@@ -185,11 +203,12 @@ class Connection:
             )
         except NoSlotError:
             await self.error(f"too many concurrent sessions (limit {self.rt.config.max_running}); retry later")
+            self.resume = ev  # a client that goes on sending text (Pipecat) gets the session once a slot is free
             return
         except (SessionError, VoiceError, ValueError) as e:
             await self.error(str(e))
             return
-        self.session = session
+        self.session, self.started, self.resume = session, ev, None
         self.rt.metrics.sessions.inc()
         session.start()
 
