@@ -279,9 +279,10 @@ class Session:
                     # own text and audio can fill it.)
                     raise SessionError("one turn's text and audio filled the stream's context; send shorter text "
                                        "segments or a lower max_new_tokens")
-                # Audio of the turn may sit in the rechunker; it goes out with the next turn's audio or at finish,
-                # except at a flush boundary, where the client is waiting for it.
-                await self._emit(self.rechunker.flush(), content=text, timing=timing)
+                # The turn is over and the client waits for the end of its audio: out with what the resampler,
+                # stretcher and rechunker still hold (a message may then be short; the next turn starts afresh).
+                await self._emit(self.rechunker.push(self.encoder.drain()) + self.rechunker.flush(), content=text,
+                                 timing=timing)
                 self.audio_seconds = start_s + turn_seconds
 
     async def _emit(self, pieces: list[bytes], content: str, timing: _Timing | None = None) -> None:

@@ -385,3 +385,16 @@ def test_rechunker_sizes() -> None:
     assert rc.flush() == [] and rc.push(b"x" * 100) == [] and rc.flush() == [b"x" * 100]
     with pytest.raises(ValueError):
         Rechunker(0)
+
+
+@pytest.mark.parametrize("rate,speed", [(8000, 1.0), (24000, 1.0), (44100, 1.25), (16000, 0.75)])
+def test_drain_releases_the_filter_tails_and_the_stream_goes_on(rate: int, speed: float) -> None:
+    """A flush boundary: drain() hands out every sample pushed so far (the resampler's and the stretcher's delay
+    included), and the stream continues with the same totals as if each part had been a stream of its own."""
+    x = np.sin(np.linspace(0, 400, 44100)).astype(np.float32) * 0.3
+    enc = StreamEncoder(OutputSpec(format="pcm", sample_rate=rate, speed=speed))
+    got = b"".join(enc.push(x[i:i + 2048]) for i in range(0, x.size, 2048)) + enc.drain()
+    want = x.size / speed * rate / 44100
+    assert abs(len(got) // 2 - want) <= 0.002 * want + 2, (len(got) // 2, want)
+    more = enc.push(x) + enc.drain() + enc.finish()
+    assert abs((len(got) + len(more)) // 2 - 2 * want) <= 0.004 * want + 4

@@ -266,6 +266,27 @@ def test_a_session_may_say_more_than_the_text_limit(ws: ClientConnection) -> Non
     assert fin == {"event": "finish", "reason": "stop"}, fin
 
 
+@pytest.mark.parametrize("rate", [8000, 16000, 24000])
+def test_flush_delivers_the_whole_turn(srv: LiveServer, rate: int) -> None:
+    """After text + flush every sample of the turn arrives without waiting for more text (Pipecat may send none for
+    a long while): nothing is left for the stop."""
+    with srv.connect() as ws:
+        ws.send(start_msg(sample_rate=rate, **greedy(max_new_tokens=6)))
+        ws.send(text_msg("One sentence."))
+        ws.send(FLUSH)
+        got = 0
+        with contextlib.suppress(TimeoutError):  # everything that comes before a second of silence
+            while True:
+                ev = recv_event(ws, 1.0)
+                assert ev["event"] == "audio"
+                got += len(ev["audio"])
+        ws.send(STOP)
+        events, fin = until_finish(ws)
+        assert fin == {"event": "finish", "reason": "stop"} and got
+        assert sum(len(e["audio"]) for e in events) == 0, "audio held back until stop"
+    srv.wait_idle()
+
+
 def test_late_events_and_pipelined_start(ws: ClientConnection) -> None:
     """After `stop` the session finishes what it has: a stray text does not abort it, and a `start` sent before
     the finish (pipelined) begins the next session once the first one's finish is out."""

@@ -433,12 +433,8 @@ class StreamEncoder:
         self.input_rate = int(input_rate)
         self.output_rate = self.spec.rate
         self.samples_out = 0  # output samples (at output_rate) handed to the format so far
-        stretch = TimeStretcher(self.spec.speed, self.input_rate) if self.spec.speed != 1.0 else None
-        resampler = None
-        if self.output_rate != self.input_rate:
-            resampler = soxr.ResampleStream(self.input_rate, self.output_rate, 1, dtype="float32", quality="HQ")
         gain = 10.0 ** (self.spec.volume_db / 20.0)
-        self._st = _Stages(stretch, resampler, gain, _make_sink(self.spec, ogg_serial))
+        self._st = _Stages(self._new_stretcher(), self._new_resampler(), gain, _make_sink(self.spec, ogg_serial))
 
     @property
     def content_type(self) -> str:
@@ -454,6 +450,22 @@ class StreamEncoder:
             x = st.resampler.resample_chunk(x)
         return self._encode(x)
 
+    def drain(self) -> bytes:
+        """Everything pushed so far, encoded as at the end of the stream, but the stream goes on: the time stretcher
+        and the resampler finish their current runs and start new ones. For a flush boundary, where the client waits
+        for the end of the turn: their filter delay (8-54 ms of PCM at 8-48 kHz) would otherwise come out only with
+        the next turn's audio, which a Pipecat call may not send for a long while. Compressed formats keep their
+        codec's own frame buffer (an MP3 or Opus stream cannot flush a partial frame and go on)."""
+        st = self._check_open()
+        x = np.zeros(0, np.float32)
+        if st.stretch is not None:
+            x = st.stretch.finish()
+            st.stretch = self._new_stretcher()
+        if st.resampler is not None:
+            x = st.resampler.resample_chunk(x, last=True)
+            st.resampler = self._new_resampler()
+        return self._encode(x)
+
     def finish(self) -> bytes:
         """Flush the stretch, resampler and codec tails; the encoder cannot be used afterwards."""
         st = self._check_open()
@@ -464,6 +476,14 @@ class StreamEncoder:
         return self._encode(x) + st.sink.close()
 
     # ------------------------------------------------------------------ internals
+
+    def _new_stretcher(self) -> TimeStretcher | None:
+        return TimeStretcher(self.spec.speed, self.input_rate) if self.spec.speed != 1.0 else None
+
+    def _new_resampler(self) -> soxr.ResampleStream | None:
+        if self.output_rate == self.input_rate:
+            return None
+        return soxr.ResampleStream(self.input_rate, self.output_rate, 1, dtype="float32", quality="HQ")
 
     def _check_open(self) -> _Stages:
         if self._st.finished:
