@@ -155,9 +155,12 @@ class Session:
         self._closed = False
         self.done = asyncio.Event()  # set once finish was sent
         self.failed = False  # it finished with an error
-        self.chunk_seq = 0
-        self.audio_seconds = 0.0  # output timeline, for alignment offsets
-        self.segments: list[dict[str, object]] = []
+        # Timestamps (PROTOCOL §3): a chunk is one turn. Its audio events share its chunk_seq and carry its offset on
+        # the session's audio timeline and a cumulative alignment relative to that offset, which each event of the
+        # chunk replaces.
+        self.audio_seconds = 0.0  # the session's output timeline: where the next turn starts
+        self._chunk: tuple[int, float, str, float] = (0, 0.0, "", 0.0)  # seq, offset, text, seconds so far
+        self._turns_streamed = 0
         self.frames = 0
         self.t_start = time.perf_counter()
 
@@ -258,8 +261,7 @@ class Session:
 
     async def _stream_turn(self, outbox: Outbox, text: str, timing: _Timing) -> None:
         start_s = self.audio_seconds
-        seg: dict[str, object] = {"text": text, "start": start_s, "end": start_s}
-        self.segments.append(seg)
+        seq, self._turns_streamed = self._turns_streamed, self._turns_streamed + 1
         turn_seconds = 0.0
         async for item in outbox:
             if isinstance(item, AudioChunk):
@@ -268,7 +270,7 @@ class Session:
                 encoded = self.encoder.push(item.pcm)
                 # Output time: prosody.speed shortens the audio by that factor.
                 turn_seconds += item.pcm.size / item.sample_rate / self.spec.speed
-                seg["end"] = start_s + turn_seconds
+                self._chunk = (seq, start_s, text, turn_seconds)
                 await self._emit(self.rechunker.push(encoded), content=text, timing=timing)
             elif isinstance(item, TurnEnd):
                 if item.reason == FinishReason.ERROR:
@@ -291,10 +293,10 @@ class Session:
                 continue
             extra: dict[str, object] = {}
             if self.alignment is not None:
-                extra = self.alignment(segments=self.segments, chunk_seq=self.chunk_seq,
-                                       chunk_audio_offset_sec=self.audio_seconds, content=content,
+                seq, offset, text, seconds = self._chunk
+                extra = self.alignment(segments=[(text, 0.0, seconds)] if text else [], chunk_seq=seq,
+                                       chunk_audio_offset_sec=offset, content=content, audio_duration=seconds,
                                        elapsed_ms=(time.perf_counter() - self.t_start) * 1000)
-            self.chunk_seq += 1
             await self.on_audio(audio, extra)
             now = time.perf_counter()
             if timing is not None:

@@ -617,22 +617,28 @@ def test_http_client_disconnect_stops_work(srv: LiveServer) -> None:
 
 
 def _check_timestamp_events(events: list[dict[str, Any]], rate: int) -> None:
+    """PROTOCOL §3: a chunk (here one turn) keeps its chunk_seq over its events, each carrying the chunk's offset on
+    the session timeline and a cumulative alignment relative to it; offset + alignment = where the audio really
+    is."""
     assert events
     seqs = [ev["chunk_seq"] for ev in events]
-    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs) and seqs[0] == 0
-    offsets = [ev["chunk_audio_offset_sec"] for ev in events]
-    assert all(isinstance(o, float) and o >= 0 for o in offsets) and offsets == sorted(offsets)
-    for ev in events:
+    assert seqs == sorted(seqs) and seqs[0] == 0 and set(seqs) == set(range(seqs[-1] + 1))
+    received = 0.0  # seconds of audio before each event
+    for i, ev in enumerate(events):
         assert isinstance(ev["content"], str)
         al = ev["alignment"]
-        assert isinstance(al["audio_duration"], float)
-        assert al["segments"], ev
+        assert isinstance(al["audio_duration"], float) and isinstance(ev["chunk_audio_offset_sec"], float)
         for seg in al["segments"]:
             assert isinstance(seg["text"], str) and seg["text"]
             assert 0 <= seg["start"] <= seg["end"] <= al["audio_duration"] + 1e-9
-    total = sum(len(ev["audio"]) for ev in events) / 2 / rate
-    last = max((ev for ev in events if ev["audio"]), key=lambda ev: ev["chunk_seq"])
-    assert abs(last["alignment"]["audio_duration"] - total) < 0.01, (last["alignment"], total)
+        if i == 0 or seqs[i] != seqs[i - 1]:  # a chunk starts where the audio so far ends
+            assert abs(ev["chunk_audio_offset_sec"] - received) < 0.01, (ev["chunk_audio_offset_sec"], received)
+        else:
+            assert ev["chunk_audio_offset_sec"] == events[i - 1]["chunk_audio_offset_sec"]
+            assert al["audio_duration"] >= events[i - 1]["alignment"]["audio_duration"]
+        received += len(ev["audio"]) / 2 / rate
+        if i + 1 == len(events) or seqs[i + 1] != seqs[i]:  # its last event: the whole chunk is out
+            assert abs(ev["chunk_audio_offset_sec"] + al["audio_duration"] - received) < 0.01, (ev, received)
 
 
 def test_live_with_timestamp(srv: LiveServer) -> None:
@@ -645,8 +651,8 @@ def test_live_with_timestamp(srv: LiveServer) -> None:
         events, fin = until_finish(ws)
         assert fin == {"event": "finish", "reason": "stop"}
         _check_timestamp_events(events, 44100)
-        texts = [s["text"] for s in events[-1]["alignment"]["segments"]]
-        assert texts == ["Hello there.", "How are you today?"]
+        chunks = {ev["chunk_seq"]: [s["text"] for s in ev["alignment"]["segments"]] for ev in events}
+        assert chunks == {0: ["Hello there."], 1: ["How are you today?"]}
         assert {ev["content"] for ev in events} <= {"Hello there.", "How are you today?", ""}
         # After finish, a new start on the same socket (the timestamp docs promise it); seq restarts per session.
         ws.send(start_msg(**greedy(max_new_tokens=6)))
