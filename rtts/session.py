@@ -54,6 +54,12 @@ class SessionMetrics:
     frames: Callable[[int], None] = lambda n: None
 
 
+# Voice ids that client plugins send by default, naming a voice of the hosted Fish service (PROTOCOL.md: LiveKit's
+# fish plugin defaults to this one). Unless stored here under that id, they get the server's default voice, so a plugin
+# with default settings speaks; any other unknown id is an error.
+HOSTED_DEFAULT_VOICES = frozenset({"933563129e564b19a115bedd57b7406a"})
+
+
 def _voice_ids(req: TTSRequest) -> tuple[str, ...]:
     return req.reference_ids or ((req.reference_id,) if req.reference_id else ())
 
@@ -89,6 +95,10 @@ async def resolve_references(req: TTSRequest, voices: VoiceStore) -> list[Refere
         try:
             v = voices.get(voice_id)
         except VoiceError as e:
+            if voice_id in HOSTED_DEFAULT_VOICES:
+                log.warning("reference_id %s is a hosted service's default voice, not stored here: serving the "
+                            "default voice (store one under this id to change it)", voice_id)
+                continue
             raise SessionError(str(e)) from None
         refs += voice_references(v, speaker=i)
     return refs

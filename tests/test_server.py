@@ -417,6 +417,13 @@ def test_voice_change_and_reconnect_at_capacity(golden: Path, tmp_path: Path, re
         s.stop()
 
 
+def test_a_plugins_default_hosted_voice_gets_the_default_voice(ws: ClientConnection) -> None:
+    """LiveKit's fish plugin names a hosted voice by default; not stored here, it speaks with the default voice
+    rather than failing every session of a default-configured agent."""
+    audio, fin = session(ws, ["Hello."], reference_id="933563129e564b19a115bedd57b7406a", **greedy(max_new_tokens=4))
+    assert fin == {"event": "finish", "reason": "stop"} and audio
+
+
 def test_reference_id_lists_voice_every_speaker(srv: LiveServer, ref_wav: bytes) -> None:
     """reference_id as a list (multi-speaker): every id is a speaker's voice, so every id must exist."""
     with httpx.Client(base_url=srv.http, timeout=60) as h:
