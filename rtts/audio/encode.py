@@ -514,7 +514,8 @@ def _as_mono(pcm: np.ndarray) -> np.ndarray:
 
 
 def message_bytes_target(spec: OutputSpec) -> int:
-    """Minimum payload per audio message: > Pipecat's 1024-byte floor and >= 50 ms of audio."""
+    """Minimum payload per audio message: > Pipecat's 1024-byte floor and >= MIN_MESSAGE_SECONDS (40 ms) of audio;
+    a turn's last message may be shorter (flushed at its end)."""
     spec = spec.validated()
     rate = spec.rate
     if spec.format in ("pcm", "wav", "mulaw"):
