@@ -41,9 +41,10 @@ class Connection:
         self.ws, self.rt, self.timestamps = ws, rt, timestamps
         self.session: Session | None = None
         self.started: StartEvent | None = None  # the start of the current session
-        # The start to resume when text arrives with no session: that of a session the server ended with an error,
-        # or one refused for want of a slot (see _handle).
+        # The start to resume when text + flush arrive with no session: that of a session the server ended with an
+        # error, or one refused for want of a slot (see _handle); and the text received for it since.
         self.resume: StartEvent | None = None
+        self.resume_text = ""
         self.stopping: asyncio.Task[None] | None = None
         self.handle: StreamHandle | None = None
         self.handle_voice = ""
@@ -64,13 +65,25 @@ class Connection:
         await self.send(finish_event(reason, message))
 
     async def error(self, message: str) -> None:
-        """End the current session (if any) with finish/error; without one, still answer with finish/error."""
+        """End the current session (if any) with finish/error; without one, still answer with finish/error. A session
+        draining after `stop` finishes first: the error is the next message's, not that session's."""
+        self._clear_resume()
+        await self._drained()
         if self.session is not None and not self.session.done.is_set():
             await self.session.abort(message)
         else:
             self.rt.metrics.errors.inc()
             await self.send(finish_event("error", message))
         self._end_session()
+
+    async def _drained(self) -> None:
+        """Wait until a session draining after `stop` has sent its audio and finish (or was aborted), and forget it."""
+        if self.stopping is not None:
+            await asyncio.wait({self.stopping})  # returns however it ended; cancelling us still cancels us
+            self._reap()
+
+    def _clear_resume(self) -> None:
+        self.resume, self.resume_text = None, ""
 
     def _reap(self) -> None:
         """Forget a session that has ended: drained after `stop`, or finished with an error by itself (a failed turn,
@@ -129,27 +142,18 @@ class Connection:
         if ev is None:
             return  # an event from a newer protocol: ignored
         if isinstance(ev, StartEvent):
-            if self.stopping is not None:
-                # Pipelined: the next utterance's start came before the last one's finish. It begins once that
-                # session has drained (its audio and finish go out first).
-                await asyncio.shield(self.stopping)
-                self._reap()
+            self._clear_resume()
+            # Pipelined: the next utterance's start came before the last one's finish. It begins once that session
+            # has drained (its audio and finish go out first).
+            await self._drained()
             if self.session is not None:
                 await self.error("'start' received while a session is active; send 'stop' first")
                 return
             await self._start(ev)
             return
-        if self.session is None and self.resume is not None and isinstance(ev, (TextEvent, FlushEvent)):
-            # Pipecat sends `start` once per connection, then text + flush for the whole call, and reconnects only
-            # when the socket closes: after a session the server ended (a failed turn, no free slot), its next text
-            # resumes one with the same request rather than failing "before start" for the rest of the call.
-            start, self.resume = self.resume, None
-            log.info("text after a failed session: resuming it with the same start request")
-            await self._start(StartEvent(dataclasses.replace(start.request, text="")))
-            if self.session is None:
-                return  # refused again, and said so
-        if isinstance(ev, StopEvent):
-            self.resume = None  # the client is done
+        if self.session is None and self.resume is not None:
+            await self._resume(ev)
+            return
         if self.session is None:
             await self.error(f"'{type(ev).__name__.removesuffix('Event').lower()}' before 'start': send start first")
             return
@@ -176,6 +180,33 @@ class Connection:
             self.stopping = asyncio.create_task(self._stop(self.session.stop()))
         elif isinstance(ev, CancelEvent):
             self.stopping = asyncio.create_task(self._stop(self.session.cancel()))
+
+    async def _resume(self, ev: TextEvent | FlushEvent | StopEvent | CancelEvent) -> None:
+        """An event with no session, after a session the server ended (a failed turn) or a start it refused (no free
+        slot). Pipecat sends `start` once per connection, then text + flush for the whole call, and reconnects only
+        when the socket closes: its text is kept and, at its flush, spoken by a session resumed with the same start
+        request, instead of every sentence failing "before start" for the rest of the call. A client that ends
+        instead (stop, cancel: the SDK's way after an error) already has its finish and gets nothing more."""
+        if isinstance(ev, (StopEvent, CancelEvent)):
+            self._clear_resume()
+            return
+        if isinstance(ev, TextEvent):
+            if len(self.resume_text) + len(ev.text) > self.rt.config.limits.max_session_text_chars:
+                await self.error(f"unspoken text over the limit of {self.rt.config.limits.max_session_text_chars} "
+                                 "characters")
+                return
+            self.resume_text += ev.text
+            return
+        assert self.resume is not None
+        start, text = self.resume, self.resume_text
+        self._clear_resume()
+        log.info("flush after a session the server ended: resuming it with the same start request")
+        await self._start(StartEvent(dataclasses.replace(start.request, text="")))
+        if self.session is not None:  # else refused again (no slot), and said so: the text waits for the next flush
+            self.session.text(text)
+            self.session.flush()
+        else:
+            self.resume_text = text
 
     async def _stop(self, aw: Any) -> None:
         await aw
