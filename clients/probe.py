@@ -21,6 +21,7 @@ import asyncio
 import datetime
 import json
 import re
+import shlex
 import statistics
 import subprocess
 import time
@@ -192,8 +193,7 @@ def main() -> None:
     p.add_argument("--out", default="latency_reports")
     args = p.parse_args()
     data = asyncio.run(main_async(args))
-    data.update({"command": "python clients/probe.py " + " ".join(f"--{k.replace('_', '-')} {v}"
-                                                                  for k, v in vars(args).items() if v is not None),
+    data.update({"command": recorded_command(args),
                  "commit": args.commit or commit(), "hardware": args.hardware,
                  "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")})
     rows = ["| concurrency | sessions ok | TTFA p50 ms | p90 ms | p99 ms | underruns | max lateness ms "
@@ -217,6 +217,18 @@ def main() -> None:
                                     f"- hardware: {args.hardware}\n- date: {data['date']}\n\n{table}\n")
     print(table)
     print(f"wrote {out / stem}.json")
+
+
+def recorded_command(args: argparse.Namespace) -> str:
+    """The command line that reproduces this run, shell-quoted, without the API key (reports are committed)."""
+    words = ["python", "clients/probe.py"]
+    for k, v in vars(args).items():
+        if v is None or k == "api_key":
+            continue
+        words += [f"--{k.replace('_', '-')}", str(v)]
+    if args.api_key:
+        words += ["--api-key", "$RTTS_API_KEY"]
+    return shlex.join(words).replace("'$RTTS_API_KEY'", '"$RTTS_API_KEY"')
 
 
 if __name__ == "__main__":

@@ -64,7 +64,19 @@ def _voice_ids(req: TTSRequest) -> tuple[str, ...]:
     return req.reference_ids or ((req.reference_id,) if req.reference_id else ())
 
 
-def voice_key(req: TTSRequest) -> str:
+def stored_voices_key(ids: tuple[str, ...], voices: VoiceStore) -> str:
+    """Stored voices by id and version: a voice overwritten or deleted since a stream prefilled it no longer
+    matches that stream."""
+    parts = []
+    for voice_id in ids:
+        try:
+            parts.append(f"{voice_id}@{voices.get(voice_id).created!r}")
+        except VoiceError:
+            parts.append(voice_id + "@-")
+    return "id:" + "|".join(parts)
+
+
+def voice_key(req: TTSRequest, voices: VoiceStore) -> str:
     """Identifies the voice prompt a request asks for (to reuse an already prefilled stream)."""
     if req.references:
         h = hashlib.sha256()
@@ -74,7 +86,7 @@ def voice_key(req: TTSRequest) -> str:
             h.update(b"%d;" % r.speaker)
         return "inline:" + h.hexdigest()
     if ids := _voice_ids(req):
-        return "id:" + "|".join(ids)  # one id: the key a URL-named voice prefilled at connect gets
+        return stored_voices_key(ids, voices)
     return "none"
 
 

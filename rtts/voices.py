@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 import shutil
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-VOICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # whole id (fullmatch: "$" would admit a final newline)
 
 
 class VoiceError(ValueError):
@@ -60,6 +61,10 @@ class VoiceStore:
     def _load_all(self) -> None:
         assert self.root is not None
         for d in sorted(self.root.iterdir()):
+            if not VOICE_ID.fullmatch(d.name):  # e.g. a `.id.*.tmp` left by a crash mid-add: not a voice
+                if d.name.startswith(".") and d.name.endswith(".tmp"):
+                    shutil.rmtree(d, ignore_errors=True)
+                continue
             if not (d / "codes.npy").exists():
                 continue
             try:
@@ -70,26 +75,31 @@ class VoiceStore:
                 continue  # a half-written voice from a crash: skip it rather than refuse to start
 
     def add(self, voice_id: str, audio: bytes, text: str) -> Voice:
-        if not VOICE_ID.match(voice_id):
+        if not VOICE_ID.fullmatch(voice_id):
             raise VoiceError(f"invalid voice id {voice_id!r}: use 1-128 letters, digits, '_', '-', '.'")
         if not text.strip():
             raise VoiceError("the reference text (transcript of the audio) is empty")
         codes = self.encode(audio)
         voice = Voice(voice_id, text, codes, time.time())
-        if self.root is not None:
-            tmp = self.root / f".{voice_id}.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
+        if self.root is None:
+            with self._lock:
+                self._voices[voice_id] = voice
+            return voice
+        # Written aside in a directory of this call's own (concurrent adds of one id must not share it), then
+        # swapped in and registered under one lock: the last add wins, on disk and in memory alike.
+        tmp = Path(tempfile.mkdtemp(prefix=f".{voice_id}.", suffix=".tmp", dir=self.root))
+        try:
             np.save(tmp / "codes.npy", codes)
             (tmp / "text.txt").write_text(text)
             (tmp / "audio.bin").write_bytes(audio)
             (tmp / "meta.json").write_text(json.dumps({"created": voice.created, "frames": int(codes.shape[1])}))
-            final = self.root / voice_id
             with self._lock:
+                final = self.root / voice_id
                 shutil.rmtree(final, ignore_errors=True)
                 tmp.rename(final)
-        with self._lock:
-            self._voices[voice_id] = voice
+                self._voices[voice_id] = voice
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # gone already unless something failed
         return voice
 
     def get(self, voice_id: str) -> Voice:
@@ -106,7 +116,7 @@ class VoiceStore:
     def delete(self, voice_id: str) -> bool:
         with self._lock:
             found = self._voices.pop(voice_id, None) is not None
-            if self.root is not None and VOICE_ID.match(voice_id):
+            if self.root is not None and VOICE_ID.fullmatch(voice_id):
                 shutil.rmtree(self.root / voice_id, ignore_errors=True)
         return found
 

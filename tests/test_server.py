@@ -451,6 +451,32 @@ def test_voice_change_and_reconnect_at_capacity(golden: Path, tmp_path: Path, re
         s.stop()
 
 
+def test_a_deleted_voice_is_not_reused_by_an_open_socket(srv: LiveServer, ref_wav: bytes) -> None:
+    """A socket keeps its prefilled voice for the next session with the same reference_id, but not once that voice
+    was deleted (or overwritten: the stored voice's version is part of the match)."""
+    with httpx.Client(base_url=srv.http, timeout=60) as h:
+        assert h.post("/v1/references/add", data={"id": "fleeting", "text": REF_TEXT},
+                      files={"audio": ("a.wav", ref_wav)}).status_code == 200
+        with srv.connect() as ws:
+            assert session(ws, ["Hi."], reference_id="fleeting", **greedy(max_new_tokens=2))[1]["reason"] == "stop"
+            assert h.request("DELETE", "/v1/references/delete", json={"id": "fleeting"}).status_code == 200
+            ws.send(start_msg(reference_id="fleeting"))
+            expect_error(ws, "unknown reference_id", "fleeting")
+    srv.wait_idle()
+
+
+def test_a_client_leaving_is_not_a_failed_session(srv: LiveServer) -> None:
+    before = _metric(srv, "rtts_session_errors_total")
+    for _ in range(3):
+        with srv.connect() as ws:
+            ws.send(start_msg(**greedy(max_new_tokens=40)))
+            ws.send(text_msg(LONG_TEXT))
+            ws.send(FLUSH)
+            assert recv_event(ws)["event"] == "audio"
+    srv.wait_idle()
+    assert _metric(srv, "rtts_session_errors_total") == before
+
+
 def test_a_plugins_default_hosted_voice_gets_the_default_voice(ws: ClientConnection) -> None:
     """LiveKit's fish plugin names a hosted voice by default; not stored here, it speaks with the default voice
     rather than failing every session of a default-configured agent."""

@@ -29,6 +29,9 @@ def resample(audio: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
     return soxr.resample(audio, from_rate, to_rate, quality="HQ").astype(np.float32, copy=False)
 
 
+MAX_CHANNELS = 8  # reference audio is mixed to mono; more channels than this is not a voice recording
+
+
 def read_audio(source: str | Path | bytes, sample_rate: int, max_seconds: float | None = None) -> np.ndarray:
     """Decode WAV/FLAC/OGG/MP3 (anything libsndfile reads) -> mono float32 in [-1, 1] at `sample_rate`."""
     name = "audio bytes" if isinstance(source, bytes) else str(source)
@@ -36,6 +39,17 @@ def read_audio(source: str | Path | bytes, sample_rate: int, max_seconds: float 
         raise AudioError(f"{name}: file not found")
     try:
         f = io.BytesIO(source) if isinstance(source, bytes) else source
+        if max_seconds is not None:
+            # From the header, before decoding: a few hundred KB of compressed silence can claim minutes of
+            # multichannel high-rate audio, gigabytes once decoded to float32.
+            info = sf.info(f)
+            if info.frames / info.samplerate > max_seconds:
+                raise AudioError(f"{name}: audio is {info.frames / info.samplerate:.1f} s long, the limit is "
+                                 f"{max_seconds:g} s")
+            if info.channels > MAX_CHANNELS:
+                raise AudioError(f"{name}: audio has {info.channels} channels, the limit is {MAX_CHANNELS}")
+            if isinstance(f, io.BytesIO):
+                f.seek(0)
         data, rate = sf.read(f, dtype="float32", always_2d=False)
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
         raise AudioError(f"{name}: cannot decode audio ({e})") from None

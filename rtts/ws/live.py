@@ -17,7 +17,14 @@ from typing import Any
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from rtts.pingpong import NoSlotError, StreamHandle
-from rtts.session import Session, SessionError, resolve_references, voice_key, voice_references
+from rtts.session import (
+    Session,
+    SessionError,
+    resolve_references,
+    stored_voices_key,
+    voice_key,
+    voice_references,
+)
 from rtts.voices import VoiceError
 from rtts.ws.protocol import (
     CancelEvent,
@@ -49,6 +56,7 @@ class Connection:
         self.handle: StreamHandle | None = None
         self.handle_voice = ""
         self._send_lock = asyncio.Lock()
+        self.closed = False  # the client is gone
 
     # ------------------------------------------------------------------ sending
 
@@ -60,7 +68,7 @@ class Connection:
         await self.send(audio_event(audio, **extra))
 
     async def _on_finish(self, reason: str, message: str | None) -> None:
-        if reason == "error":
+        if reason == "error" and not self.closed:  # a client that leaves mid-session is not a failed session
             self.rt.metrics.errors.inc()
         await self.send(finish_event(reason, message))
 
@@ -128,7 +136,7 @@ class Connection:
             return
         try:
             self.handle = self.rt.scheduler.open(voice_references(self.rt.voices.get(voice_id)))
-            self.handle_voice = "id:" + voice_id
+            self.handle_voice = stored_voices_key((voice_id,), self.rt.voices)
         except (VoiceError, NoSlotError, ValueError) as e:
             # Not fatal: the client has not started a session; `start` will try again and report the error.
             log.info("could not prefill %r at connect: %s", voice_id, e)
@@ -214,7 +222,7 @@ class Connection:
 
     async def _start(self, ev: StartEvent) -> None:
         req = ev.request
-        key = voice_key(req)
+        key = voice_key(req, self.rt.voices)
         try:
             fresh = False
             if self.handle is not None and key == self.handle_voice and not self.handle.stream.error:
@@ -244,6 +252,7 @@ class Connection:
         session.start()
 
     async def _teardown(self) -> None:
+        self.closed = True
         if self.session is not None and not self.session.done.is_set():
             self.session.segmenter.clear()
             self.session.handle.cancel()
