@@ -801,6 +801,12 @@ def test_references_http_errors(srv: LiveServer) -> None:
         assert r.status_code == 400 and "decode" in r.json()["message"]
         r = h.post("/v1/references/add", content=b"\xc1", headers={"content-type": "application/msgpack"})
         assert r.status_code == 400
+        r = h.post("/v1/references/add", content=ormsgpack.packb({"id": None, "audio": b"x", "text": "t"}),
+                   headers={"content-type": "application/msgpack"})
+        assert r.status_code == 400 and "id must be a string" in r.json()["message"]
+        big = b"{" + b" " * (2 * srv.config.limits.max_reference_bytes) + b"}"
+        r = h.post("/v1/references/add", content=big, headers={"content-type": "application/json"})
+        assert r.status_code == 413
         r = h.request("DELETE", "/v1/references/delete")
         assert r.status_code == 400 and "id" in r.json()["message"]
 

@@ -32,6 +32,32 @@ class SynthesisFailed(RuntimeError):
     """A /v1/tts synthesis failed after its response started (aborts the chunked body)."""
 
 
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused (BodyTooLarge) as soon as it passes `limit` bytes: by its Content-Length before
+    reading anything, else while it streams in. Never the whole of an oversized body in memory."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _text_field(obj: dict[str, Any], key: str) -> str:
+    value = obj.get(key, "")
+    if not isinstance(value, str):
+        raise ProtocolError(f"{key} must be a string, got {type(value).__name__}")
+    return value
+
+
 def json_error(status: int, message: str) -> JSONResponse:
     return JSONResponse(error_json(status, message), status_code=status)
 
@@ -47,8 +73,9 @@ async def tts(request: Request) -> Response:
     rt: Runtime = request.app.state.rt
     if not authorized(rt, request.headers):
         return json_error(401, "invalid or missing API key (Authorization: Bearer <key>)")
-    body = await request.body()
-    if len(body) > rt.config.limits.max_message_bytes:
+    try:
+        body = await read_body(request, rt.config.limits.max_message_bytes)
+    except BodyTooLarge:
         return json_error(413, f"request body over {rt.config.limits.max_message_bytes} bytes")
     try:
         req = decode_http_body(body, request.headers.get("content-type", ""), rt.config.limits)
@@ -111,9 +138,12 @@ async def tts(request: Request) -> Response:
     return StreamingResponse(body_iter(), media_type=spec.content_type)
 
 
-async def _read_reference_form(request: Request) -> tuple[str, bytes, str]:
+async def _read_reference_form(request: Request, limit: int) -> tuple[str, bytes, str]:
     ctype = request.headers.get("content-type", "")
     if ctype.startswith("multipart/form-data"):
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise BodyTooLarge
         form = await request.form()
         field = form.get("audio")
         if isinstance(field, UploadFile):
@@ -121,7 +151,7 @@ async def _read_reference_form(request: Request) -> tuple[str, bytes, str]:
         else:
             data = (field or "").encode()
         return str(form.get("id", "")), data, str(form.get("text", ""))
-    body = await request.body()
+    body = await read_body(request, limit)
     obj = ormsgpack.unpackb(body) if "msgpack" in ctype else json.loads(body or b"{}")
     if not isinstance(obj, dict):
         raise ProtocolError("body must be a map with id, audio, text")
@@ -133,7 +163,7 @@ async def _read_reference_form(request: Request) -> tuple[str, bytes, str]:
             raise ProtocolError("audio: not valid base64") from None
     if not isinstance(audio, bytes):
         raise ProtocolError("audio must be bytes")
-    return str(obj.get("id", "")), audio, str(obj.get("text", ""))
+    return _text_field(obj, "id"), audio, _text_field(obj, "text")
 
 
 async def references_add(request: Request) -> Response:
@@ -141,12 +171,15 @@ async def references_add(request: Request) -> Response:
     if not authorized(rt, request.headers):
         return json_error(401, "invalid or missing API key")
     try:
-        voice_id, audio, text = await _read_reference_form(request)
+        # The body holds the audio (base64 in JSON: 4/3 of it) and a transcript.
+        voice_id, audio, text = await _read_reference_form(request, 2 * rt.config.limits.max_reference_bytes)
         if not audio:
             raise ProtocolError("audio is missing")
         if len(audio) > rt.config.limits.max_reference_bytes:
             raise ProtocolError(f"audio over {rt.config.limits.max_reference_bytes} bytes")
         voice = await asyncio.to_thread(rt.voices.add, voice_id, audio, text)
+    except BodyTooLarge:
+        return json_error(413, f"request body over {2 * rt.config.limits.max_reference_bytes} bytes")
     except (ProtocolError, VoiceError, ValueError, ormsgpack.MsgpackDecodeError) as e:
         return json_error(400, str(e))
     return JSONResponse({"status": 200, "message": "ok", "reference": voice.info()})
