@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """The official Fish Audio SDK against a local rtts server: stream a few sentences to a WAV file.
 
-    pip install "fish-audio-sdk>=1.3,<1.4" && rtts serve &  python clients/example_sdk.py --out hello.wav
+    pip install "fish-audio-sdk>=1.3,<1.4"
+    rtts serve &                                     # listens once warmed up: wait for /v1/health
+    until curl -sf localhost:8080/v1/health >/dev/null; do sleep 1; done
+    python clients/example_sdk.py --out hello.wav
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 const $ = (id) => document.getElementById(id);
 const RATE = 24000;
 let ctx = null, ws = null, playAt = 0;
+let sources = [];  // scheduled audio of the current session (cancel stops what has not played yet)
 
 function log(msg) { $("log").textContent = msg + "\n" + $("log").textContent.slice(0, 4000); }
 
@@ -27,11 +28,20 @@ function play(pcmBytes) {
   playAt = Math.max(playAt, ctx.currentTime + 0.02);
   src.start(playAt);
   playAt += n / RATE;
+  sources.push(src);
+  src.onended = () => { sources = sources.filter((s) => s !== src); };
+}
+
+function stopAudio() {
+  for (const s of sources) { try { s.stop(); } catch (e) { /* already ended */ } }
+  sources = [];
+  playAt = 0;
 }
 
 $("speak").onclick = () => {
   ctx = ctx || new AudioContext();
-  playAt = 0;
+  if (ws) { ws.onmessage = null; ws.onclose = null; ws.close(); }  // one session at a time
+  stopAudio();
   const proto = location.protocol === "https:" ? "wss" : "ws";
   // Browsers cannot set an Authorization header on a WebSocket: the key travels as a query parameter instead.
   const key = $("key").value ? `?api_key=${encodeURIComponent($("key").value)}` : "";
@@ -61,6 +71,13 @@ $("speak").onclick = () => {
     }
   };
   ws.onerror = () => log("connection error (is an API key required?)");
+  ws.onclose = (e) => {
+    if (e.code !== 1000 && e.code !== 1005) log(`connection closed (${e.code}${e.reason ? ": " + e.reason : ""})`);
+    $("cancel").disabled = true;
+  };
 };
 
-$("cancel").onclick = () => { if (ws) ws.send(MsgPack.encode({ event: "cancel" })); };
+$("cancel").onclick = () => {
+  if (ws && ws.readyState === WebSocket.OPEN) ws.send(MsgPack.encode({ event: "cancel" }));
+  stopAudio();
+};

@@ -5,6 +5,8 @@ const MsgPack = (() => {
   function encode(v) {
     const out = [];
     const push = (...b) => out.push(...b);
+    // Byte arrays one by one: spreading a long text's bytes into push() overflows the call stack.
+    const pushBytes = (bytes) => { for (let i = 0; i < bytes.length; i++) out.push(bytes[i]); };
     const u32 = (n) => push((n >>> 24) & 255, (n >>> 16) & 255, (n >>> 8) & 255, n & 255);
     (function enc(x) {
       if (x === null || x === undefined) push(0xc0);
@@ -19,8 +21,8 @@ const MsgPack = (() => {
       } else if (typeof x === "string") {
         const s = te.encode(x);
         if (s.length < 32) push(0xa0 | s.length); else { push(0xdb); u32(s.length); }
-        push(...s);
-      } else if (x instanceof Uint8Array) { push(0xc6); u32(x.length); push(...x); }
+        pushBytes(s);
+      } else if (x instanceof Uint8Array) { push(0xc6); u32(x.length); pushBytes(x); }
       else if (Array.isArray(x)) { push(0xdd); u32(x.length); x.forEach(enc); }
       else { const k = Object.keys(x); push(0xdf); u32(k.length); k.forEach((key) => { enc(key); enc(x[key]); }); }
     })(v);
