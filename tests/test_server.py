@@ -324,6 +324,7 @@ def test_a_session_that_failed_by_itself_frees_the_socket(small_ctx_srv: LiveSer
         ws.send(FLUSH)
         _, fin = until_finish(ws, timeout=60)
         assert fin["reason"] == "error" and "context" in fin["message"], fin
+        assert _metric(small_ctx_srv, "rtts_active_sessions") == 0  # ended at its finish, not at the next message
         audio, fin = session(ws, ["Hello."], **greedy(max_new_tokens=4))
         assert fin == {"event": "finish", "reason": "stop"} and audio
     with small_ctx_srv.connect() as ws:  # Pipecat: start once, then text + flush for the whole call, never a start

@@ -68,6 +68,8 @@ class Connection:
         await self.send(audio_event(audio, **extra))
 
     async def _on_finish(self, reason: str, message: str | None) -> None:
+        # A session is active until its finish (it sends exactly one), not until the socket's next message reaps it.
+        self.rt.metrics.sessions.dec()
         if reason == "error" and not self.closed:  # a client that leaves mid-session is not a failed session
             self.rt.metrics.errors.inc()
         await self.send(finish_event(reason, message))
@@ -104,8 +106,6 @@ class Connection:
             self._end_session()
 
     def _end_session(self) -> None:
-        if self.session is not None:
-            self.rt.metrics.sessions.dec()
         self.session = None
         self.stopping = None
 
