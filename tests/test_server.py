@@ -802,6 +802,9 @@ def test_references_http_errors(srv: LiveServer) -> None:
         assert r.status_code == 400 and "decode" in r.json()["message"]
         r = h.post("/v1/references/add", content=b"\xc1", headers={"content-type": "application/msgpack"})
         assert r.status_code == 400
+        r = h.post("/v1/references/add", content=b"--x\r\nnot a part", headers={
+            "content-type": "multipart/form-data; boundary=x"})
+        assert r.status_code == 400 and r.json()["status"] == 400  # JSON, like every other error
         r = h.post("/v1/references/add", content=ormsgpack.packb({"id": None, "audio": b"x", "text": "t"}),
                    headers={"content-type": "application/msgpack"})
         assert r.status_code == 400 and "id must be a string" in r.json()["message"]

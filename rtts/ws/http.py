@@ -15,6 +15,7 @@ from typing import Any
 
 import ormsgpack
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -180,6 +181,8 @@ async def references_add(request: Request) -> Response:
         voice = await asyncio.to_thread(rt.voices.add, voice_id, audio, text)
     except BodyTooLarge:
         return json_error(413, f"request body over {2 * rt.config.limits.max_reference_bytes} bytes")
+    except HTTPException as e:  # Starlette's refusal of a malformed multipart body
+        return json_error(e.status_code, str(e.detail))
     except (ProtocolError, VoiceError, ValueError, ormsgpack.MsgpackDecodeError) as e:
         return json_error(400, str(e))
     return JSONResponse({"status": 200, "message": "ok", "reference": voice.info()})
