@@ -128,10 +128,10 @@ def output_spec(req: TTSRequest) -> OutputSpec:
 
 def sampling_params(req: TTSRequest, model_format: str) -> SamplingParams:
     top_k = req.top_k if req.top_k is not None else (30 if model_format == "s2" else 0)
-    if req.temperature == 0.0 or req.top_p == 0.0:  # the limit of either: always the most likely token
-        return SamplingParams(temperature=1.0, top_p=1.0, top_k=1, repetition_penalty=req.repetition_penalty,
-                              seed=req.seed, max_frames=req.max_new_tokens)
-    return SamplingParams(temperature=req.temperature, top_p=req.top_p, top_k=top_k,
+    temperature, top_p = req.temperature, req.top_p
+    if temperature == 0.0 or top_p == 0.0:  # the limit of either: always the most likely token
+        temperature, top_p, top_k = 1.0, 1.0, 1
+    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
                           repetition_penalty=req.repetition_penalty, seed=req.seed, max_frames=req.max_new_tokens)
 
 

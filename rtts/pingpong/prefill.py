@@ -120,8 +120,7 @@ class PrefillWorker:
             return False
         eng.end_turn(stream.slot)  # true KV length after the previous turn (one read per turn)
         if turn.fresh:
-            eng.rewind(stream.slot, stream.voice_len)
-            stream.turn_open = False
+            self._from_voice_prompt(stream)
         if turn.reset_audio:  # ordered before this turn's frames in the codec inbox
             self.to_codec.put(CodecReset(stream.slot))
         try:
@@ -132,8 +131,7 @@ class PrefillWorker:
                 # A long call never ends its session (Pipecat sends stop only when it hangs up).
                 log.info("stream %d: context full after %d positions, turn starts from the voice prompt",
                          stream.id, eng.host_pos[stream.slot])
-                eng.rewind(stream.slot, stream.voice_len)
-                stream.turn_open = False
+                self._from_voice_prompt(stream)
                 job.columns = self.builder.turn(turn.text, after_turn=False)
             eng.check_room(stream.slot, job.columns.shape[1], sample=True)
             eng.set_params(stream.slot, turn.params)
@@ -141,6 +139,11 @@ class PrefillWorker:
             self._end(job, FinishReason.ERROR, str(e))
             return False
         return True
+
+    def _from_voice_prompt(self, stream: Stream) -> None:
+        """Forget the stream's conversation: its next turn follows the voice prompt alone."""
+        self.engine.rewind(stream.slot, stream.voice_len)
+        stream.turn_open = False
 
     def _end(self, job: PrefillJob, reason: FinishReason, message: str = "") -> None:
         self.pending.remove(job)

@@ -37,12 +37,16 @@ class BodyTooLarge(Exception):
     pass
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused (BodyTooLarge) as soon as it passes `limit` bytes: by its Content-Length before
-    reading anything, else while it streams in. Never the whole of an oversized body in memory."""
+def _check_declared_length(request: Request, limit: int) -> None:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused (BodyTooLarge) as soon as it passes `limit` bytes: by its Content-Length before
+    reading anything, else while it streams in. Never the whole of an oversized body in memory."""
+    _check_declared_length(request, limit)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -142,9 +146,7 @@ async def tts(request: Request) -> Response:
 async def _read_reference_form(request: Request, limit: int) -> tuple[str, bytes, str]:
     ctype = request.headers.get("content-type", "")
     if ctype.startswith("multipart/form-data"):
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise BodyTooLarge
+        _check_declared_length(request, limit)
         form = await request.form()
         field = form.get("audio")
         if isinstance(field, UploadFile):

@@ -177,9 +177,7 @@ class Connection:
         if isinstance(ev, TextEvent):
             # Text waiting to be spoken is bounded, not the session's total: a call that lasts hours (Pipecat keeps
             # one session) may say any amount.
-            if self.session.unspoken_chars() + len(ev.text) > self.rt.config.limits.max_session_text_chars:
-                await self.error(f"unspoken text over the limit of {self.rt.config.limits.max_session_text_chars} "
-                                 "characters")
+            if await self._over_text_limit(self.session.unspoken_chars() + len(ev.text)):
                 return
             self.session.text(ev.text)
         elif isinstance(ev, FlushEvent):
@@ -199,9 +197,7 @@ class Connection:
             self._clear_resume()
             return
         if isinstance(ev, TextEvent):
-            if len(self.resume_text) + len(ev.text) > self.rt.config.limits.max_session_text_chars:
-                await self.error(f"unspoken text over the limit of {self.rt.config.limits.max_session_text_chars} "
-                                 "characters")
+            if await self._over_text_limit(len(self.resume_text) + len(ev.text)):
                 return
             self.resume_text += ev.text
             return
@@ -215,6 +211,14 @@ class Connection:
             self.session.flush()
         else:
             self.resume_text = text
+
+    async def _over_text_limit(self, unspoken: int) -> bool:
+        """Whether `unspoken` characters waiting to be spoken pass the limit (then said with finish/error)."""
+        limit = self.rt.config.limits.max_session_text_chars
+        if unspoken <= limit:
+            return False
+        await self.error(f"unspoken text over the limit of {limit} characters")
+        return True
 
     async def _stop(self, aw: Any) -> None:
         await aw

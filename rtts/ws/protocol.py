@@ -480,21 +480,14 @@ def decode_http_body(body: bytes, content_type: str, limits: Limits = Limits()) 
     """The body of `POST /v1/tts`: `application/msgpack` (the SDKs) or `application/json` (the docs' examples)."""
     if len(body) > limits.max_message_bytes:
         raise ProtocolError(f"request body is {len(body)} bytes, the limit is {limits.max_message_bytes}", status=413)
-    kind = _body_kind(content_type)
-    if kind == "msgpack":
-        try:
-            obj = msgspec.msgpack.decode(body)
-        except RecursionError:
-            raise ProtocolError("request body nests containers too deeply") from None
-        except msgspec.DecodeError as e:
-            raise ProtocolError(f"request body is not valid MessagePack ({e})") from None
-    else:
-        try:
-            obj = msgspec.json.decode(body)
-        except RecursionError:
-            raise ProtocolError("request body nests containers too deeply") from None
-        except msgspec.DecodeError as e:
-            raise ProtocolError(f"request body is not valid JSON ({e})") from None
+    decode, what = ((msgspec.msgpack.decode, "MessagePack") if _body_kind(content_type) == "msgpack"
+                    else (msgspec.json.decode, "JSON"))
+    try:
+        obj = decode(body)
+    except RecursionError:
+        raise ProtocolError("request body nests containers too deeply") from None
+    except msgspec.DecodeError as e:
+        raise ProtocolError(f"request body is not valid {what} ({e})") from None
     if not isinstance(obj, Mapping):
         raise ProtocolError(f"request body must be a map (object), got {_describe(obj)}")
     return parse_request(obj, limits, http=True, path="")

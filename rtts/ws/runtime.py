@@ -30,6 +30,7 @@ log = logging.getLogger("rtts.server")
 
 SLOT_WAIT = 2.0  # seconds a new session waits for a slot at capacity (Runtime.open_stream)
 
+
 @dataclass(frozen=True)
 class ServerConfig:
     checkpoint: str | None = None  # None: the embedded default model
