@@ -380,21 +380,21 @@ def launch_wgmma(plan: WgmmaPlan, xq: torch.Tensor, sx: torch.Tensor, wp: torch.
     y = torch.empty(M, N, dtype=torch.bfloat16, device=xq.device)
     tail = (wp.data_ptr(), sw.data_ptr(), y.data_ptr(), sk.partials.data_ptr(), sk.counters.data_ptr(), _i32(M),
             _i32(N), _i32(K), _i32(pad4(M)), _i32(plan.stages))
-    if plan.rows == _H_ROWS:
+    def token_map() -> _jit.TensorMap:
         # Tokens and their scales are bulk-copied: both must start 16-byte aligned (fresh torch tensors do).
         _check(xq.data_ptr() % 16 == 0 and sx.data_ptr() % 16 == 0, "fp8_gemm: x and sx must be 16-byte aligned")
+        return _jit.tensor_map_2d(xq.data_ptr(), M, K, plan.nt, 128)
+
+    if plan.rows == _H_ROWS:
         fn = _jit.function("fp8_gemm_wgmma64.cu", f"fp8_gemm_wgmma64<{plan.nt}>", _H_INSTANCES)
         _jit.set_dynamic_smem(fn, plan.smem)
-        xmap = _jit.tensor_map_2d(xq.data_ptr(), M, K, plan.nt, 128)
-        _jit.launch(fn, (plan.grid,), (_H_THREADS,), (xmap, sx.data_ptr(), *tail, _i32(plan.tstages),
+        _jit.launch(fn, (plan.grid,), (_H_THREADS,), (token_map(), sx.data_ptr(), *tail, _i32(plan.tstages),
                                                        _i32(max(1, plan.slots))), shared_mem=plan.smem, pdl=True)
         return y
     if plan.nt <= _LEAN_NT and plan.cluster == 1 and env.gemm_tma_tokens() and _jit.tensor_maps_available():
-        _check(xq.data_ptr() % 16 == 0 and sx.data_ptr() % 16 == 0, "fp8_gemm: x and sx must be 16-byte aligned")
         fn = _jit.function("fp8_gemm_wgmma.cu", f"fp8_gemm_wgmma_lean_tma<{plan.nt}>", _WGMMA_INSTANCES)
         _jit.set_dynamic_smem(fn, plan.smem)
-        xmap = _jit.tensor_map_2d(xq.data_ptr(), M, K, plan.nt, 128)
-        _jit.launch(fn, (plan.grid,), (_WGMMA_THREADS,), (xmap, xq.data_ptr(), sx.data_ptr(), *tail),
+        _jit.launch(fn, (plan.grid,), (_WGMMA_THREADS,), (token_map(), xq.data_ptr(), sx.data_ptr(), *tail),
                     shared_mem=plan.smem, pdl=True)
         return y
     fn = _jit.function("fp8_gemm_wgmma.cu", _wgmma_instance(plan.nt, plan.cluster > 1), _WGMMA_INSTANCES)
