@@ -195,7 +195,10 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
                 mbar_init(full0 + 8 * s, 1);                // the producer's arrive (plus the copy's bytes)
                 mbar_init(empty0 + 8 * s, CONSUMERS / 32);  // one arrive per consumer warp
             }
-            if constexpr (TMA) mbar_init(tokens_bar, 1);
+            if constexpr (TMA) {
+                prefetch_tensor_map(xmap);
+                mbar_init(tokens_bar, 1);
+            }
             fence_proxy_async();  // the inits are visible to the TMA engine (async proxy)
         }
         __syncwarp();

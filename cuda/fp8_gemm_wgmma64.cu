@@ -99,6 +99,7 @@ __global__ void __launch_bounds__(H_THREADS, 2)
     }
     if (tid >= H_CONSUMERS) {  // ---- producer warp: one thread streams weights, tokens and token scales
         if (tid == H_CONSUMERS) {
+            prefetch_tensor_map(&xmap);
             for (int s = 0; s < stages; ++s) {
                 mbar_init(full_w + 8 * s, 1);                  // the producer's arrive (plus the copy's bytes)
                 mbar_init(empty_w + 8 * s, H_CONSUMERS / 32);  // one arrive per consumer warp

@@ -140,6 +140,12 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TensorMap* map, 
         ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
 
+// Fetch a tensor map into the TMA unit's descriptor cache ahead of its first load (the map is a kernel parameter, a
+// constant: allowed before griddepcontrol.wait), so that load does not start with a descriptor fetch from memory.
+__device__ __forceinline__ void prefetch_tensor_map(const TensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
+}
+
 // Programmatic dependent launch (PDL): let the next kernel on the stream start launching now; wait until the
 // kernels before this one have completed and their writes are visible (a no-op when launched without PDL).
 __device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }

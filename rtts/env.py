@@ -57,6 +57,12 @@ def gemm_tma_tokens() -> bool:
     return _flag("RTTS_GEMM_TMA_TOKENS")
 
 
+def gemm_token_major() -> bool:
+    """RTTS_GEMM_TM=0: plan 17-64 token GEMMs on the stream-K kernels only, never the token-major one
+    (cuda/fp8_gemm_wgmma_tm.cu): comparison, bisection."""
+    return os.environ.get("RTTS_GEMM_TM", "").strip() != "0"
+
+
 def gemm_cluster() -> int | None:
     """RTTS_GEMM_CLUSTER=N: force the wgmma GEMM's split (1: global stream-K, 2-8: clusters of N CTAs) instead of
     its planner's choice (comparison, bisection)."""
