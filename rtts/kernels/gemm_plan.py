@@ -244,12 +244,13 @@ def wgmma_tm_smem_bytes(wn: int, stages: int, tstages: int, iters: int) -> int:
 
 @functools.cache
 def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, wn: int | None = None,
-                  split: int | None = None) -> WgmmaPlan:
+                  split: int | None = None, tstages: int | None = None) -> WgmmaPlan:
     """The token-major kernel's plan for 17-64 tokens: the tile width WN (of _TM_WN, dividing N) and K split S (1, or
     2 with K/128 even) whose N / WN * S CTAs fit one per SM with the fewest weight bytes per CTA (ties: no split,
     then wider tiles), used only when they fill _TM_MIN_FILL of the SMs (`wn` / `split` force a choice and skip that
-    check: tests, probes); as many weight stages as half an SM's shared memory holds, up to _TM_MAX_STAGES (`stages`
-    lowers them, at least two). Raises ValueError where no choice qualifies: the caller plans another kernel."""
+    check: tests, probes); _TM_TOKEN_STAGES token stages (`tstages` replaces it, at least two) and as many weight
+    stages as the rest of half an SM's shared memory holds, up to _TM_MAX_STAGES (`stages` lowers them, at least
+    two). Raises ValueError where no choice qualifies: the caller plans another kernel."""
     if not _H_NT[0] // 2 < M <= _TM_NT[-1] or N % 8 or K % 128:
         raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}")
     nt = next(n for n in _TM_NT if n >= M)
@@ -268,14 +269,14 @@ def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, w
     if wn is None and split is None and ctas < _TM_MIN_FILL * sms:
         raise ValueError(f"token-major tiles for {M}x{N}x{K} fill {ctas} of {sms} SMs")
     iters = KB // s
-    room = _SMEM_PAIR_LIMIT - wgmma_tm_smem_bytes(w, 0, _TM_TOKEN_STAGES, iters)
+    ts = _TM_TOKEN_STAGES if tstages is None else tstages
+    room = _SMEM_PAIR_LIMIT - wgmma_tm_smem_bytes(w, 0, ts, iters)
     st = min(_TM_MAX_STAGES, room // (w * 128 + 16))
     if stages is not None:
         st = min(st, stages)
-    if st < _MIN_STAGES:  # the ring also holds a warpgroup's total after the loop (WN x 64 floats: two stages)
-        raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}: no room for two weight stages")
-    return WgmmaPlan(nt, st, ctas, wgmma_tm_smem_bytes(w, st, _TM_TOKEN_STAGES, iters), s, iters, w,
-                     _TM_TOKEN_STAGES, 0, True)
+    if st < _MIN_STAGES or ts < _MIN_STAGES:  # the ring holds a warpgroup's total after the loop (two stages)
+        raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}: no room for two stages of each ring")
+    return WgmmaPlan(nt, st, ctas, wgmma_tm_smem_bytes(w, st, ts, iters), s, iters, w, ts, 0, True)
 
 
 def gemm_plan(M: int, N: int, K: int) -> tuple[int, int, int, int]:
