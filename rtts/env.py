@@ -49,23 +49,15 @@ def no_pdl() -> bool:
     return _flag("RTTS_NO_PDL")
 
 
-def gemm_tma_tokens() -> bool:
-    """RTTS_GEMM_TMA_TOKENS=1: the lean 128-row FP8 GEMM instances (1-16 tokens, global stream-K) load their tokens by
-    tensor-map TMA from the producer thread instead of cp.async from every consumer (fp8_gemm_wgmma.cu, gemm_body).
-    Off by default: written in session 11 without a GPU left to run it on. To decide: the GPU tests, then
-    `python -m rtts.bench kernels --sections gemm,mlp --m 1,16` with and without it."""
-    return _flag("RTTS_GEMM_TMA_TOKENS")
-
-
-def gemm_token_major() -> bool:
-    """RTTS_GEMM_TM=0: plan 17-64 token GEMMs on the stream-K kernels only, never the token-major one
-    (cuda/fp8_gemm_wgmma_tm.cu): comparison, bisection."""
-    return os.environ.get("RTTS_GEMM_TM", "").strip() != "0"
-
-
-def gemm_tm_rotate() -> bool:
-    """RTTS_GEMM_TM_ROTATE=1: the token-major GEMM's tiles start at different K blocks (experiment)."""
-    return _flag("RTTS_GEMM_TM_ROTATE")
+def gemm_tma_tokens() -> bool | None:
+    """RTTS_GEMM_TMA_TOKENS: how the lean 128-row FP8 GEMM instances (1-16 tokens, global stream-K) load their tokens:
+    by tensor-map TMA from the producer thread, or by cp.async from every consumer (fp8_gemm_wgmma.cu, gemm_body).
+    Unset: TMA for 16-token tiles (9-16 tokens), cp.async for 8-token ones, as measured on the H200 (session 12,
+    bench/results/kernels-h200-2026-11-30.md); 1: TMA for both; 0: cp.async for both (comparison, bisection)."""
+    v = os.environ.get("RTTS_GEMM_TMA_TOKENS", "").strip()
+    if v not in ("", "0", "1"):
+        raise ValueError(f"RTTS_GEMM_TMA_TOKENS must be 0 or 1, got {v!r}")
+    return None if not v else v == "1"
 
 
 def gemm_cluster() -> int | None:
