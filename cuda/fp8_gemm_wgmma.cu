@@ -108,17 +108,17 @@ __device__ __forceinline__ void reduce_slice(unsigned slot_a, unsigned slot_b, b
 // CLUSTER = true: launched in clusters of CS CTAs (cluster dimension set at launch); cluster g takes the whole tiles
 // [g * tiles / G, (g + 1) * tiles / G) and splits their iterations stream-K style over its CTAs, so every shared tile
 // is settled on chip (reduce_slice) with two cluster barriers and no global atomics.
-// TMA (the lean instances' `_tma` entry points; kernels.launch_wgmma runs them for 16-token tiles, RTTS_GEMM_TMA_TOKENS
-// overrides): the tokens of every K block this CTA visits and their scales come by tensor-map TMA (xmap: box 128 x NT
-// rows, 128-byte swizzle, rows past M zero-filled by the copy engine, its descriptor prefetched in the prologue),
-// issued by the producer thread right after griddepcontrol.wait and landing on one mbarrier, instead of 16-byte
-// cp.async copies by every consumer thread plus a consumer barrier. Why: a lean GEMM's first MMA came ~1.6 us after
-// the wait (bench/results/traces, gemm-chain at 2e47955: wqkv, 1 token), where the 64-row kernel's TMA-streamed tokens
-// took ~0.5. Measured on the H200 (session 12, kernel bench, two runs each): at 16 tokens TMA was faster on every
-// S2-Pro linear (wqkv 7.2 -> 6.9 us, wo 6.8 -> 6.6, gate|up 17.1 -> 16.0, w2 10.5 -> 9.7; MLP block 32.3 -> 30.8);
-// at 1 token mixed (wqkv 7.0 -> 7.2, wo 6.0 both, gate|up 15.8 -> 15.5, w2 9.6 -> 8.9-9.1), so 8-token tiles keep
-// cp.async, where wqkv is closest to its target. Scales past Mp are left unwritten: those columns' products are zero
-// (their tokens are), are never summed into others, and store_tile drops them.
+// TMA (the lean instances' `_tma` entry points, what kernels.launch_wgmma runs where the driver encodes tensor maps;
+// RTTS_GEMM_TMA_TOKENS=0 selects cp.async): the tokens of every K block this CTA visits and their scales come by
+// tensor-map TMA (xmap: box 128 x NT rows, 128-byte swizzle, rows past M zero-filled by the copy engine, its
+// descriptor prefetched in the prologue), issued by the producer thread right after griddepcontrol.wait and landing
+// on one mbarrier, instead of 16-byte cp.async copies by every consumer thread plus a consumer barrier. Why: a lean
+// GEMM's first MMA came ~1.6 us after the wait (bench/results/traces, gemm-chain at 2e47955: wqkv, 1 token), where the
+// 64-row kernel's TMA-streamed tokens took ~0.5. Measured on the H200 (session 12, kernel bench): at 16 tokens TMA was
+// faster on every S2-Pro linear (wqkv 7.2 -> 6.9 us, wo 6.8 -> 6.6, gate|up 17.1 -> 16.0, w2 10.5 -> 9.7); at 1 token
+// with the ring at half a CTA's range (gemm_plan._LEAN_RANGE_SHARE) too (wqkv 6.9 -> 6.7, wo 6.0 -> 5.7, gate|up
+// 15.7 -> 15.5, w2 9.6 -> 8.9). Scales past Mp are left unwritten: those columns' products are zero (their tokens
+// are), are never summed into others, and store_tile drops them.
 template <int NT, bool CLUSTER, bool TMA = false>
 __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const float* __restrict__ sx,
                                           const fp8_t* __restrict__ wp, const float* __restrict__ sw,

@@ -49,15 +49,14 @@ def no_pdl() -> bool:
     return _flag("RTTS_NO_PDL")
 
 
-def gemm_tma_tokens() -> bool | None:
-    """RTTS_GEMM_TMA_TOKENS: how the lean 128-row FP8 GEMM instances (1-16 tokens, global stream-K) load their tokens:
-    by tensor-map TMA from the producer thread, or by cp.async from every consumer (fp8_gemm_wgmma.cu, gemm_body).
-    Unset: TMA for 16-token tiles (9-16 tokens), cp.async for 8-token ones, as measured on the H200 (session 12,
-    bench/results/kernels-h200-2026-11-30.md); 1: TMA for both; 0: cp.async for both (comparison, bisection)."""
+def gemm_tma_tokens() -> bool:
+    """RTTS_GEMM_TMA_TOKENS=0: the lean 128-row FP8 GEMM instances (1-16 tokens, global stream-K) load their tokens by
+    cp.async from every consumer instead of by tensor-map TMA from the producer thread (fp8_gemm_wgmma.cu, gemm_body;
+    TMA is the default where the driver encodes tensor maps): comparison, bisection."""
     v = os.environ.get("RTTS_GEMM_TMA_TOKENS", "").strip()
     if v not in ("", "0", "1"):
         raise ValueError(f"RTTS_GEMM_TMA_TOKENS must be 0 or 1, got {v!r}")
-    return None if not v else v == "1"
+    return v != "0"
 
 
 def gemm_cluster() -> int | None:

@@ -249,18 +249,31 @@ def test_wgmma64_plan_fits_two_ctas_per_sm() -> None:
 
 
 def test_tma_token_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    """RTTS_GEMM_TMA_TOKENS: unset leaves the choice to the tile width (None), 0 / 1 force it, anything else is an
-    error rather than a silent default."""
+    """RTTS_GEMM_TMA_TOKENS: tokens by TMA unless set to 0; anything but 0 / 1 is an error rather than a silent
+    default."""
     from rtts import env
 
     monkeypatch.delenv("RTTS_GEMM_TMA_TOKENS", raising=False)
-    assert env.gemm_tma_tokens() is None
-    for v, want in (("0", False), ("1", True), (" 1 ", True)):
+    assert env.gemm_tma_tokens() is True
+    for v, want in (("0", False), ("1", True), (" 0 ", False)):
         monkeypatch.setenv("RTTS_GEMM_TMA_TOKENS", v)
         assert env.gemm_tma_tokens() is want
     monkeypatch.setenv("RTTS_GEMM_TMA_TOKENS", "yes")
     with pytest.raises(ValueError, match="RTTS_GEMM_TMA_TOKENS"):
         env.gemm_tma_tokens()
+
+
+def test_lean_plans_prefetch_at_most_half_a_range() -> None:
+    """The lean (1-16 token) global plans hold at most half of a CTA's range in their ring (at least two stages), as
+    far as half an SM's shared memory allows: what the next GEMM prefetches competes with the tail of the one ahead."""
+    for M in (1, 8, 9, 16):
+        for (N, K), want in {(6144, 2560): 4, (2560, 4096): 3, (2560, 9728): 6 if M <= 8 else 5}.items():
+            p = kernels.wgmma_plan(M, N, K, sms=132, cluster=1)
+            assert p.stages == want and p.smem == kernels.wgmma_smem_bytes(p.nt, min(K // 128, p.iters), p.stages,
+                                                                           p.iters)
+        for N, K in ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728), (1024, 3072), (256, 384)):
+            p = kernels.wgmma_plan(M, N, K, sms=132, cluster=1)
+            assert 2 <= p.stages <= max(2, math.ceil(p.iters / 2)) and 2 * (p.smem + 1024 + 64) <= 228 * 1024
 
 
 def test_tensor_map_host_checks() -> None:
@@ -457,9 +470,9 @@ def test_fp8_gemm_both_tile_heights(rows: int, M: int, N: int, K: int) -> None:
 @pytest.mark.parametrize("M", [1, 3, 16])
 @pytest.mark.parametrize("N,K", [(6144, 2560), (2560, 4096), (2560, 9728), (19456, 2560), (256, 384)])
 def test_fp8_gemm_lean_tma_tokens_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, M: int, N: int, K: int) -> None:
-    """The lean instances' tokens by tensor-map TMA (RTTS_GEMM_TMA_TOKENS=1; the default for 16-token tiles) give the
-    same bits as by cp.async (=0) on the same plan, eagerly and replayed from a graph, and the split-tile counters
-    end at zero."""
+    """The lean instances' tokens by tensor-map TMA (the default) give the same bits as by cp.async
+    (RTTS_GEMM_TMA_TOKENS=0) on the same plan, eagerly and replayed from a graph, and the split-tile counters end at
+    zero."""
     from rtts.kernels import _jit
 
     if not kernels._use_wgmma(torch.device("cuda")) or not _jit.tensor_maps_available():
@@ -471,7 +484,7 @@ def test_fp8_gemm_lean_tma_tokens_give_the_same_bits(monkeypatch: pytest.MonkeyP
     assert kernels._plan(M, N, K, 0).rows == 128
     monkeypatch.setenv("RTTS_GEMM_TMA_TOKENS", "0")
     want = kernels.fp8_gemm(xq, sx, wp, sw)
-    monkeypatch.setenv("RTTS_GEMM_TMA_TOKENS", "1")
+    monkeypatch.delenv("RTTS_GEMM_TMA_TOKENS")
     for _ in range(3):
         assert torch.equal(kernels.fp8_gemm(xq, sx, wp, sw), want)
     s = torch.cuda.Stream()
@@ -489,17 +502,17 @@ def test_fp8_gemm_lean_tma_tokens_give_the_same_bits(monkeypatch: pytest.MonkeyP
 
 
 @GPU
-# the 128-row (lean) kernel with its tokens by cp.async (3 tokens), TMA (forced at 3, the default at 16), the 64-row one
-@pytest.mark.parametrize("M,tma", [(3, False), (3, True), (16, False), (40, False)])
+# the 128-row (lean) kernel with its tokens by TMA (the default) or cp.async, then the 64-row kernel
+@pytest.mark.parametrize("M,tma", [(3, True), (3, False), (16, True), (40, True)])
 def test_fp8_gemm_pdl_chain(monkeypatch: pytest.MonkeyPatch, M: int, tma: bool) -> None:
     """GEMMs launched with programmatic dependent launch start while the previous kernel finishes: a chain where
     each GEMM reads the previous one's output (through the quantize kernel) gives the same bits with and without
-    PDL, eagerly and replayed from a CUDA graph (the lean kernel also with its tokens by TMA: they are read after
-    griddepcontrol.wait, by the producer thread)."""
+    PDL, eagerly and replayed from a CUDA graph (the lean kernel with its tokens by TMA, read after
+    griddepcontrol.wait by the producer thread, and by cp.async)."""
     if not kernels._use_wgmma(torch.device("cuda")):
         pytest.skip("no wgmma on this GPU")
-    if tma:
-        monkeypatch.setenv("RTTS_GEMM_TMA_TOKENS", "1")
+    if not tma:
+        monkeypatch.setenv("RTTS_GEMM_TMA_TOKENS", "0")
     ws = [ref.quantize_weight(_x(2560, 2560, scale=0.03, seed=20 + i, device="cuda")) for i in range(6)]
     ws = [(kernels.pack_weight(q), s) for q, s in ws]
     from rtts.kernels import _jit

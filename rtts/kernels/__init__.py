@@ -391,9 +391,7 @@ def launch_wgmma(plan: WgmmaPlan, xq: torch.Tensor, sx: torch.Tensor, wp: torch.
         _jit.launch(fn, (plan.grid,), (_H_THREADS,), (token_map(), sx.data_ptr(), *tail, _i32(plan.tstages),
                                                        _i32(max(1, plan.slots))), shared_mem=plan.smem, pdl=True)
         return y
-    tma = env.gemm_tma_tokens()
-    if plan.nt <= _LEAN_NT and plan.cluster == 1 and (plan.nt == _LEAN_NT if tma is None else tma) \
-            and _jit.tensor_maps_available():
+    if plan.nt <= _LEAN_NT and plan.cluster == 1 and env.gemm_tma_tokens() and _jit.tensor_maps_available():
         fn = _jit.function("fp8_gemm_wgmma.cu", f"fp8_gemm_wgmma_lean_tma<{plan.nt}>", _WGMMA_INSTANCES)
         _jit.set_dynamic_smem(fn, plan.smem)
         _jit.launch(fn, (plan.grid,), (_WGMMA_THREADS,), (token_map(), xq.data_ptr(), sx.data_ptr(), *tail),

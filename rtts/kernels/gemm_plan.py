@@ -31,6 +31,11 @@ _SMEM_LIMIT = 227 * 1024 - 64  # per CTA, less the kernel's static shared memory
 _SMEM_PAIR_LIMIT = 112 * 1024
 _MAX_STAGES = 4  # one CTA per SM: 8 measured 0-1.4 us slower per GEMM than 4 on the H200 (bench --stages)
 _MAX_STAGES_LEAN = 6  # two per SM: the next GEMM prefetches this much while the previous one settles
+# ... but no more than half of a CTA's range: what the next GEMM prefetches competes for HBM with the tail of the one
+# it waits for. Measured on the H200 (session 12, kernel bench --stages, tokens by TMA; 1 / 16 tokens): wqkv (8
+# iterations per CTA) 6 -> 4 stages 7.3 -> 6.7 / 7.0 -> 6.8 us, wo (5) 6 -> 3 6.2 -> 5.7 / 6.7 -> 6.0, w2 (12)
+# best at 6 (8.9 vs 9.1 at 4), gate|up (24) 4-5 within 0.1.
+_LEAN_RANGE_SHARE = 0.5
 _MIN_STAGES = 2
 _MAX_CLUSTER = 8  # portable cluster size
 # Auto plan: global stream-K settlement has one CTA read every other share of a tile from L2 after the stream, so
@@ -124,8 +129,9 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
         the same tiles, every CTA the same blocks): on the H200 uneven ones (a cluster barrier waits for its
         busiest CTA) measured slower than global stream-K.
     Stages: as many (up to _MAX_STAGES, or _MAX_STAGES_LEAN for the two-per-SM lean tiles within half an SM's shared
-    memory) as the memory the token blocks leave allows (a CTA holds min(K/128, its iterations) of them); `stages`
-    lowers that. When fewer than two fit, a global plan grows its grid."""
+    memory) as the memory the token blocks leave allows (a CTA holds min(K/128, its iterations) of them), and for the
+    lean tiles' global plans at most half the CTA's range (_LEAN_RANGE_SHARE); `stages` lowers that. When fewer than
+    two fit, a global plan grows its grid."""
     nt = next(n for n in _WGMMA_NT if n >= M)
     KB, tiles = K // 128, N // _TILE_ROWS
     T = tiles * KB
@@ -156,6 +162,9 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
             grid = min(T, grid + max(1, sms // 4))
         sharers = -(-KB // iters) + (1 if KB % iters else 0)  # the most CTAs one tile is split over
         share_blocks = _TILE_ROWS * nt * 4 / _TILE_BYTES  # one parked share, in 16 KB blocks
+        if lean and st >= _MIN_STAGES:
+            st = max(_MIN_STAGES, min(st, math.ceil(_LEAN_RANGE_SHARE * iters)))
+            smem = wgmma_smem_bytes(nt, min(KB, iters), st, iters)
         options.append((iters + _SETTLE_COST * max(0, sharers - 2) * share_blocks,
                         WgmmaPlan(nt, st, grid, smem, 1, iters)))
     if nt <= _CLUSTER_NT:
