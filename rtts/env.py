@@ -59,6 +59,17 @@ def gemm_tma_tokens() -> bool:
     return v != "0"
 
 
+def gemm_token_major() -> bool:
+    """RTTS_GEMM_TM=0: plan 17-64 token GEMMs on the stream-K kernels only, never the token-major one
+    (cuda/fp8_gemm_wgmma_tm.cu): comparison, bisection."""
+    return os.environ.get("RTTS_GEMM_TM", "").strip() != "0"
+
+
+def gemm_tm_rotate() -> bool:
+    """RTTS_GEMM_TM_ROTATE=1: the token-major GEMM's tiles start at different K blocks (experiment)."""
+    return _flag("RTTS_GEMM_TM_ROTATE")
+
+
 def gemm_cluster() -> int | None:
     """RTTS_GEMM_CLUSTER=N: force the wgmma GEMM's split (1: global stream-K, 2-8: clusters of N CTAs) instead of
     its planner's choice (comparison, bisection)."""

@@ -12,6 +12,7 @@ import torch
 
 from rtts import kernels
 from rtts.kernels import reference as ref
+from rtts.kernels.gemm_plan import wgmma_tm_smem_bytes
 
 GPU = pytest.mark.gpu
 
@@ -276,6 +277,38 @@ def test_lean_plans_prefetch_at_most_half_a_range() -> None:
             assert 2 <= p.stages <= max(2, math.ceil(p.iters / 2)) and 2 * (p.smem + 1024 + 64) <= 228 * 1024
 
 
+def test_wgmma_tm_plan_cuts_whole_tiles_per_sm() -> None:
+    """The token-major kernel's plans: about one whole-K tile (or half-K cluster pair) per SM, the fewest weight bytes
+    per CTA, shared memory for two CTAs per SM; layers that do not cut that evenly are left to stream-K."""
+    want = {(6144, 2560): (48, 1), (2560, 4096): (40, 2), (2560, 9728): (40, 2), (2560, 2560): (40, 2)}
+    for M in (17, 32, 33, 64):
+        for (N, K), (wn, split) in want.items():
+            p = kernels.wgmma_tm_plan(M, N, K, sms=132)
+            assert p.token_major and (p.rows, p.cluster) == (wn, split) and p.nt == (32 if M <= 32 else 64)
+            assert p.grid == N // wn * split == 128 and p.iters == K // 128 // split
+            assert 2 <= p.stages <= 8 and p.stages % 2 == 0 and p.tstages == 8
+            assert p.smem == wgmma_tm_smem_bytes(wn, p.stages, p.tstages, p.iters)
+            assert 2 * (p.smem + 1024 + 64) <= 228 * 1024  # the next GEMM's CTA fits beside it
+            assert p.stages * wn * 128 >= 64 * wn * 4  # the ring holds a warpgroup's total after the loop
+            assert kernels.scratch_fits(p, N, 132)
+        with pytest.raises(ValueError):  # 19456 rows: no width in the compiled set gives at most one tile per SM
+            kernels.wgmma_tm_plan(M, 19456, 2560, sms=132)
+    for M in (16, 65, 128):
+        with pytest.raises(ValueError):
+            kernels.wgmma_tm_plan(M, 6144, 2560, sms=132)
+    with pytest.raises(ValueError):  # 80 tiles of 32 on 132 SMs: under the fill bound
+        kernels.wgmma_tm_plan(64, 2560, 384, sms=132)
+    forced = kernels.wgmma_tm_plan(64, 2560, 384, sms=132, wn=32, split=1)  # forced: no fill bound
+    assert (forced.rows, forced.cluster, forced.grid) == (32, 1, 80)
+    with pytest.raises(ValueError):  # an odd K-block count cannot split in two
+        kernels.wgmma_tm_plan(64, 2560, 384, sms=132, wn=40, split=2)
+    with pytest.raises(ValueError):  # 56 is not a compiled width
+        kernels.wgmma_tm_plan(64, 2576, 384, sms=132, wn=56, split=1)
+    assert kernels.wgmma_tm_plan(40, 6144, 2560, sms=132, stages=2).stages == 2
+    odd = kernels.wgmma_tm_plan(40, 6144, 2560, sms=132, stages=5, tstages=5)  # rounded down to even counts
+    assert (odd.stages, odd.tstages) == (4, 4)
+
+
 def test_tensor_map_host_checks() -> None:
     """TMA maps are encoded at a 64-byte aligned host address (the driver's requirement; ctypes aligns to 8), and
     unsupported maps are refused before the driver is asked."""
@@ -467,6 +500,49 @@ def test_fp8_gemm_both_tile_heights(rows: int, M: int, N: int, K: int) -> None:
 
 
 @GPU
+@pytest.mark.parametrize("M,N,K,wn,split,stages", [
+    (17, 1280, 640, 40, 1, None),   # tile 3 crosses a packed block (rows 120-159)
+    (33, 6144, 2560, 48, 1, None),  # wqkv's plan: 48-row tiles, every third one crossing
+    (64, 2560, 4096, 40, 2, None),  # wo's: cluster pairs over half of K each
+    (40, 2560, 9728, 40, 2, 2),     # w2's, with a two-stage ring (19 passes around it)
+    (20, 384, 256, 24, 2, None),    # one K block per CTA
+    (64, 1024, 3072, 16, 2, 4),
+    (50, 3072, 1024, 48, 2, None),
+    (32, 2560, 384, 32, 1, 2),      # an odd K-block count, alternate warpgroups ending unevenly
+])
+def test_fp8_gemm_token_major_kernel(M: int, N: int, K: int, wn: int, split: int, stages: int | None) -> None:
+    """The token-major kernel (tokens on the wgmma M side, whole-K or cluster-pair tiles of WN weight rows) computes
+    the product on tiles that cross packed blocks, short and wrapping rings, both token tiles; the same bits on every
+    call and from a CUDA graph."""
+    from rtts.kernels import _jit
+
+    if not kernels._use_wgmma(torch.device("cuda")) or not _jit.tensor_maps_available():
+        pytest.skip("no wgmma or no tensor maps on this GPU")
+    plan = kernels.wgmma_tm_plan(M, N, K, kernels._sm_count(0), stages, wn, split)
+    assert (plan.rows, plan.cluster) == (wn, split) and (stages is None or plan.stages == stages)
+    x, w = _x(M, K, seed=M + 70, device="cuda"), _x(N, K, scale=0.05, seed=N + 71, device="cuda")
+    wq, sw = ref.quantize_weight(w)
+    xq, sx = ref.quantize_1x128(x)
+    wp = kernels.pack_weight(wq)
+    first = kernels.launch_wgmma(plan, xq, sx, wp, sw)
+    r = ref.fp8_gemm(xq, sx, wq, sw).float()
+    assert (first.float() - r).abs().max() / r.abs().max() < 1e-2
+    for _ in range(2):
+        assert torch.equal(kernels.launch_wgmma(plan, xq, sx, wp, sw), first)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            out = kernels.launch_wgmma(plan, xq, sx, wp, sw)
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(2):
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, first)
+
+
+@GPU
 @pytest.mark.parametrize("M", [1, 3, 16])
 @pytest.mark.parametrize("N,K", [(6144, 2560), (2560, 4096), (2560, 9728), (19456, 2560), (256, 384)])
 def test_fp8_gemm_lean_tma_tokens_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, M: int, N: int, K: int) -> None:
@@ -502,13 +578,14 @@ def test_fp8_gemm_lean_tma_tokens_give_the_same_bits(monkeypatch: pytest.MonkeyP
 
 
 @GPU
-# the 128-row (lean) kernel with its tokens by TMA (the default) or cp.async, then the 64-row kernel
-@pytest.mark.parametrize("M,tma", [(3, True), (3, False), (16, True), (40, True)])
-def test_fp8_gemm_pdl_chain(monkeypatch: pytest.MonkeyPatch, M: int, tma: bool) -> None:
+# the 128-row (lean) kernel with its tokens by TMA (the default) or cp.async, the 64-row and the token-major kernel
+@pytest.mark.parametrize("M,tma,tm", [(3, True, False), (3, False, False), (16, True, False), (40, True, False),
+                                      (40, True, True)])
+def test_fp8_gemm_pdl_chain(monkeypatch: pytest.MonkeyPatch, M: int, tma: bool, tm: bool) -> None:
     """GEMMs launched with programmatic dependent launch start while the previous kernel finishes: a chain where
     each GEMM reads the previous one's output (through the quantize kernel) gives the same bits with and without
     PDL, eagerly and replayed from a CUDA graph (the lean kernel with its tokens by TMA, read after
-    griddepcontrol.wait by the producer thread, and by cp.async)."""
+    griddepcontrol.wait by the producer thread, and by cp.async; the 64-row and the token-major kernel at 40)."""
     if not kernels._use_wgmma(torch.device("cuda")):
         pytest.skip("no wgmma on this GPU")
     if not tma:
@@ -517,8 +594,10 @@ def test_fp8_gemm_pdl_chain(monkeypatch: pytest.MonkeyPatch, M: int, tma: bool) 
     ws = [(kernels.pack_weight(q), s) for q, s in ws]
     from rtts.kernels import _jit
 
-    if M > 16 and _jit.tensor_maps_available():
-        assert kernels._plan(M, 2560, 2560, 0).rows == 64  # the chain runs the 64-row kernel
+    monkeypatch.setenv("RTTS_GEMM_TM", "1" if tm else "0")
+    if M > 16 and _jit.tensor_maps_available():  # the chain runs the 64-row or the token-major kernel
+        p = kernels._plan(M, 2560, 2560, 0)
+        assert p.token_major if tm else (p.rows == 64 and not p.token_major)
     x0 = _x(M, 2560, seed=30, device="cuda")
 
     def chain() -> torch.Tensor:

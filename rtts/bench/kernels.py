@@ -121,8 +121,11 @@ def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = (), clusters: t
         out[f"wgmma_rows{rw}_us"] = 1e6 * time_graph(_calls(tiled, reps))
     if packed[0][0].dim() == 4:
         p = kernels._plan(min(M, kernels._wgmma_step(N, K, 0, env.gemm_cluster(), env.gemm_rows())), N, K, 0)
-        how = f"cluster {p.cluster}" if p.cluster > 1 else "global"
-        out["plan"] = f"{p.rows} rows, {how}, {p.stages} st, {p.grid} CTAs"
+        if p.token_major:
+            out["plan"] = f"token-major {p.rows} cols, K/{p.cluster}, {p.stages} st, {p.grid} CTAs"
+        else:
+            how = f"cluster {p.cluster}" if p.cluster > 1 else "global"
+            out["plan"] = f"{p.rows} rows, {how}, {p.stages} st, {p.grid} CTAs"
     out["fp8_linear_us"] = 1e6 * time_graph(_calls(linear, reps))
     # torch._scaled_mm with per-tensor scales (the stock FP8 path); FP8 MMA needs M padded to 16.
     Mp = max(16, (M + 15) // 16 * 16)

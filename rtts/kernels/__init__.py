@@ -32,6 +32,8 @@ from rtts.kernels.gemm_plan import (  # noqa: F401  (re-exported: tests, benchma
     _SMEM_PAIR_LIMIT,
     _SMS,
     _TILE_ROWS,
+    _TM_INSTANCES,
+    _TM_THREADS,
     _WGMMA_INSTANCES,
     _WGMMA_NT,
     _WGMMA_THREADS,
@@ -42,6 +44,7 @@ from rtts.kernels.gemm_plan import (  # noqa: F401  (re-exported: tests, benchma
     wgmma64_smem_bytes,
     wgmma_plan,
     wgmma_smem_bytes,
+    wgmma_tm_plan,
 )
 from rtts.kernels.reference import FP8, pad4
 
@@ -318,6 +321,11 @@ def _plan(M: int, N: int, K: int, device_index: int, stages: int | None = None,
     if rows is None:
         rows = env.gemm_rows()
     sms = _sm_count(device_index)
+    if cluster is None and rows is None and _LEAN_NT < M and env.gemm_token_major() and _tensor_maps():
+        try:
+            return wgmma_tm_plan(M, N, K, sms, stages)
+        except ValueError:
+            pass  # the layer does not cut into about one tile per SM: stream-K below
     if _rows64(M, cluster, rows):
         try:
             return wgmma64_plan(M, N, K, sms, stages)
@@ -327,10 +335,14 @@ def _plan(M: int, N: int, K: int, device_index: int, stages: int | None = None,
     return wgmma_plan(M, N, K, sms, stages, cluster, _cluster_capacity(device_index))
 
 
-def _rows64(M: int, cluster: int | None, rows: int | None) -> bool:
+def _tensor_maps() -> bool:
     from rtts.kernels import _jit
 
-    if (cluster is not None and cluster > 1) or rows == _TILE_ROWS or not _jit.tensor_maps_available():
+    return _jit.tensor_maps_available()
+
+
+def _rows64(M: int, cluster: int | None, rows: int | None) -> bool:
+    if (cluster is not None and cluster > 1) or rows == _TILE_ROWS or not _tensor_maps():
         return False
     return rows == _H_ROWS or M > _LEAN_NT
 
@@ -338,7 +350,7 @@ def _rows64(M: int, cluster: int | None, rows: int | None) -> bool:
 def scratch_fits(plan: WgmmaPlan, N: int, sms: int) -> bool:
     """A global stream-K plan's shares and counters fit the per-stream scratch (at 64 tokens: layers up to ~200M
     weights); cluster plans use none."""
-    return plan.cluster > 1 or (N // plan.rows <= _STREAMK_TILES
+    return plan.cluster > 1 or plan.token_major or (N // plan.rows <= _STREAMK_TILES
                                 and plan.grid * plan.rows * plan.nt <= _streamk_floats(sms))
 
 
@@ -385,6 +397,18 @@ def launch_wgmma(plan: WgmmaPlan, xq: torch.Tensor, sx: torch.Tensor, wp: torch.
         _check(xq.data_ptr() % 16 == 0 and sx.data_ptr() % 16 == 0, "fp8_gemm: x and sx must be 16-byte aligned")
         return _jit.tensor_map_2d(xq.data_ptr(), M, K, plan.nt, 128)
 
+    if plan.token_major:
+        _check(plan.stages % 2 == 0 and plan.tstages % 2 == 0 and plan.stages >= 2 and plan.tstages >= 2,
+               lambda: f"fp8_gemm: token-major rings need even stage counts, got {plan}")
+        fn = _jit.function("fp8_gemm_wgmma_tm.cu", f"fp8_gemm_wgmma_tm<{plan.nt},{plan.rows},{plan.cluster}>",
+                           _TM_INSTANCES)
+        _jit.set_dynamic_smem(fn, plan.smem)
+        _jit.launch(fn, (plan.grid,), (_TM_THREADS,), (token_map(), sx.data_ptr(), wp.data_ptr(), sw.data_ptr(),
+                                                        y.data_ptr(), _i32(M), _i32(N), _i32(K), _i32(pad4(M)),
+                                                        _i32(plan.stages), _i32(plan.tstages),
+                                                        _i32(env.gemm_tm_rotate())),
+                    shared_mem=plan.smem, pdl=True, cluster=plan.cluster)
+        return y
     if plan.rows == _H_ROWS:
         fn = _jit.function("fp8_gemm_wgmma64.cu", f"fp8_gemm_wgmma64<{plan.nt}>", _H_INSTANCES)
         _jit.set_dynamic_smem(fn, plan.smem)
@@ -672,6 +696,8 @@ def warmup(device: torch.device) -> None:
             _jit.set_dynamic_smem(_jit.function("fp8_gemm_wgmma.cu", inst, _WGMMA_INSTANCES), _SMEM_LIMIT)
         for inst in _H_INSTANCES:
             _jit.set_dynamic_smem(_jit.function("fp8_gemm_wgmma64.cu", inst, _H_INSTANCES), _SMEM_PAIR_LIMIT)
+        for inst in _TM_INSTANCES:
+            _jit.set_dynamic_smem(_jit.function("fp8_gemm_wgmma_tm.cu", inst, _TM_INSTANCES), _SMEM_PAIR_LIMIT)
         _cluster_capacity(_index(device))
     _streamk(device, _sm_count(_index(device)))
     reserve_graph_scratch(device)  # the decode graphs' (default family), allocated outside any capture

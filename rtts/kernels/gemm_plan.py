@@ -5,6 +5,8 @@ the CPU tests check every plan the GPU would launch.
   token tile, global stream-K or thread-block-cluster split, ring stages.
 - `wgmma64_plan`: the 64-row kernel (cuda/fp8_gemm_wgmma64.cu), 17-128 tokens: token tile, CTAs per SM, weight and
   token stages, share buffers of a settling CTA.
+- `wgmma_tm_plan`: the token-major kernel (cuda/fp8_gemm_wgmma_tm.cu), 17-64 tokens on layers that cut into about one
+  whole-K (or half-K pair) tile per SM: tile width, K split, stages.
 - `gemm_plan`: the portable mma.sync kernel (cuda/fp8_gemm.cu).
 """
 
@@ -82,6 +84,24 @@ def h_ctas_per_sm(nt: int, T: int, sms: int) -> float:
 _H_INSTANCES = tuple(f"fp8_gemm_wgmma64<{nt}>" for nt in _H_NT)
 
 
+# Token-major kernel (cuda/fp8_gemm_wgmma_tm.cu) for 17-64 tokens: tokens on the wgmma M side, tiles of WN weight
+# rows over all of K (S = 1) or half of it in a cluster pair (S = 2), about one per SM, no stream-K.
+_TM_NT = (32, 64)
+_TM_WN = (16, 24, 32, 40, 48)  # tile widths compiled (the planner picks among them; 64 spills at 96 registers)
+_TM_THREADS = 256 + 32  # two consumer warpgroups and a producer warp
+_TM_TOKEN_BYTES = 8192  # a token stage: the MMA's 64 rows x 128
+# Both rings have even stage counts: the two consumer warpgroups take alternate K blocks, so with an even count each
+# stage is only ever used by one of them. With an odd one a warpgroup could reach a stage's next use while the other
+# warpgroup's load into it (one phase earlier) was still pending, and the parity wait would pass it (session 12's
+# probe hung on a three-stage ring). Four token stages per warpgroup: with two, each K block waited a token round trip.
+_TM_TOKEN_STAGES = 8
+_TM_MAX_STAGES = 8
+# Used only where the tiles fill at least this share of the SMs: below it the stream-K kernels spread the bytes
+# evenly and win.
+_TM_MIN_FILL = 0.9
+_TM_INSTANCES = tuple(f"fp8_gemm_wgmma_tm<{nt},{wn},{s}>" for nt in _TM_NT for wn in _TM_WN for s in (1, 2))
+
+
 class WgmmaPlan(NamedTuple):
     """Launch plan of the wgmma GEMM. cluster == 1: stream-K over the whole grid, settled through global memory;
     cluster > 1: clusters of that many CTAs, each owning whole tiles, settled in distributed shared memory."""
@@ -95,6 +115,7 @@ class WgmmaPlan(NamedTuple):
     rows: int = _TILE_ROWS  # weight rows per tile: 128 (fp8_gemm_wgmma) or 64 (fp8_gemm_wgmma64, global stream-K)
     tstages: int = 0  # 64 rows: token stages (`stages` counts its 8 KB weight stages)
     slots: int = 0  # 64 rows: shares a settling CTA copies into shared memory at once
+    token_major: bool = False  # fp8_gemm_wgmma_tm: `rows` = the tile width WN, `cluster` = the K split S
 
 
 def _wgmma_instance(nt: int, cluster: bool) -> str:
@@ -226,6 +247,51 @@ def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, gr
     ring = st * _H_BYTES + ts * nt * 128
     slots = max(1, min(others, (_SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, st, ts, iters) + ring) // share))
     return WgmmaPlan(nt, st, grid, wgmma64_smem_bytes(nt, st, ts, iters, slots), 1, iters, _H_ROWS, ts, slots)
+
+
+def wgmma_tm_smem_bytes(wn: int, stages: int, tstages: int, iters: int) -> int:
+    """Dynamic shared memory of one token-major CTA: `stages` weight stages of WN x 128, `tstages` 8 KB token stages
+    with 64 scales each, two weight scales per K block, two mbarriers per stage, 1 KB of alignment slack."""
+    return 1024 + stages * wn * 128 + tstages * (_TM_TOKEN_BYTES + 4 * 64) + 8 * iters + 16 * (stages + tstages) + 16
+
+
+@functools.cache
+def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, wn: int | None = None,
+                  split: int | None = None, tstages: int | None = None) -> WgmmaPlan:
+    """The token-major kernel's plan for 17-64 tokens: the tile width WN (of _TM_WN, dividing N) and K split S (1, or
+    2 with K/128 even) whose N / WN * S CTAs fit one per SM with the fewest weight bytes per CTA (ties: no split,
+    then wider tiles), used only when they fill _TM_MIN_FILL of the SMs (`wn` / `split` force a choice and skip that
+    check: tests, probes); _TM_TOKEN_STAGES token stages (`tstages` replaces it) and as many weight stages as the
+    rest of half an SM's shared memory holds, up to _TM_MAX_STAGES (`stages` lowers them); both even, at least
+    two. Raises ValueError where no choice qualifies: the caller plans another kernel."""
+    if not _H_NT[0] // 2 < M <= _TM_NT[-1] or N % 8 or K % 128:
+        raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}")
+    nt = next(n for n in _TM_NT if n >= M)
+    KB = K // 128
+    options = []
+    for w in _TM_WN if wn is None else (wn,):
+        for s in (1, 2) if split is None else (split,):
+            ctas = N // w * s
+            if w in _TM_WN and s in (1, 2) and N % w == 0 and KB % s == 0 and 0 < ctas <= sms:
+                options.append((w * KB // s, s, -w))
+    if not options:
+        raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}")
+    _, s, w = min(options)
+    w = -w
+    ctas = N // w * s
+    if wn is None and split is None and ctas < _TM_MIN_FILL * sms:
+        raise ValueError(f"token-major tiles for {M}x{N}x{K} fill {ctas} of {sms} SMs")
+    iters = KB // s
+    ts = _TM_TOKEN_STAGES if tstages is None else tstages
+    ts -= ts % 2
+    room = _SMEM_PAIR_LIMIT - wgmma_tm_smem_bytes(w, 0, ts, iters)
+    st = min(_TM_MAX_STAGES, room // (w * 128 + 16))
+    if stages is not None:
+        st = min(st, stages)
+    st -= st % 2
+    if st < _MIN_STAGES or ts < _MIN_STAGES:  # the ring holds a warpgroup's total after the loop (two stages)
+        raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}: no room for two stages of each ring")
+    return WgmmaPlan(nt, st, ctas, wgmma_tm_smem_bytes(w, st, ts, iters), s, iters, w, ts, 0, True)
 
 
 def gemm_plan(M: int, N: int, K: int) -> tuple[int, int, int, int]:

@@ -1,0 +1,65 @@
+"""Time the token-major GEMM (fp8_gemm_wgmma_tm) against the stream-K plans on the S2-Pro shapes, with and without
+programmatic dependent launch (RTTS_NO_PDL, read per launch), over its tile widths, K splits and ring depths (same
+method as the kernel bench: a CUDA graph of calls with weights rotated past the L2).
+Usage: python bench/probes/gemm_tm.py OUT_DIR [token counts, default 64]"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from rtts import kernels
+from rtts.bench.kernels import S2_GEMMS, _calls, copies_for, time_graph
+from rtts.kernels import reference as ref
+from rtts.kernels.gemm_plan import _TM_WN
+
+
+def main() -> None:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+    ms = [int(m) for m in sys.argv[2].split(",")] if len(sys.argv) > 2 else [64]
+    kernels.warmup(torch.device("cuda"))
+    sms = kernels._sm_count(0)
+    res: dict[str, float] = {}
+    for name, N, K in S2_GEMMS:
+        R = copies_for(N * K)
+        ws = [ref.quantize_weight(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05)
+              for _ in range(min(R, 8))]
+        packed = [(kernels.pack_weight(q), s) for q, s in ws]
+        for M in ms:
+            xq, sx = kernels.quantize_1x128(torch.randn(M, K, device="cuda", dtype=torch.bfloat16))
+            plans = {"stream-K": kernels._plan(M, N, K, 0, cluster=1, rows=64)}
+            for wn in _TM_WN:
+                for split in (1, 2):
+                    for ts in (4, 8):
+                        for st in (2, 4, 6, 8):
+                            try:
+                                p = kernels.wgmma_tm_plan(M, N, K, sms, st, wn, split, ts)
+                            except ValueError:
+                                continue
+                            if p.grid >= 0.9 * sms:
+                                plans[f"tm wn={wn} S={split} ts={ts} st={p.stages} grid={p.grid}"] = p
+            for label, plan in plans.items():
+                def call(i: int, plan: kernels.WgmmaPlan = plan) -> torch.Tensor:
+                    wp, sw = packed[i % len(packed)]
+                    return kernels.launch_wgmma(plan, xq, sx, wp, sw)
+
+                for pdl, rot in ((True, False), (False, False)):
+                    if rot and not plan.token_major:
+                        continue
+                    os.environ.pop("RTTS_NO_PDL", None) if pdl else os.environ.update(RTTS_NO_PDL="1")
+                    os.environ.update(RTTS_GEMM_TM_ROTATE="1") if rot else os.environ.pop("RTTS_GEMM_TM_ROTATE", None)
+                    us = 1e6 * time_graph(_calls(call, R))
+                    key = f"{name} M={M} {label} pdl={int(pdl)} rotate={int(rot)}"
+                    res[key] = us
+                    print(f"{key}: {us:.2f} us", flush=True)
+            os.environ.pop("RTTS_NO_PDL", None)
+            os.environ.pop("RTTS_GEMM_TM_ROTATE", None)
+    (out / "gemm-tm.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,259 @@
+// Block-scaled FP8 GEMM for decode batches of 17-64 tokens on Hopper (wgmma), tokens as the MMA's M side, with the
+// operands of fp8_gemm_wgmma.cu (packed weights [N/128][K/128][128 rows][128 bytes], 1x128 token scales
+// sx[K/128, Mp], 128x128 weight scales sw[N/128, K/128], y bf16 [M, N]).
+//
+// Why a third kernel: the swap-AB kernels put weight rows on the wgmma M side (64 per warpgroup), so a layer of N rows
+// has N/64 or N/128 tiles, too few to give every SM one whole tile, and their stream-K split leaves most tiles in
+// pieces that a settling CTA sums after its stream (measured: ~2.4 us from the median CTA's exit to the last one's at
+// wqkv, 64 tokens, bench/results/traces). Here the 64 (zero-padded) token rows are the wgmma M side and a tile is WN
+// weight rows (the N side: any multiple of 8), so the planner (gemm_plan.wgmma_tm_plan) can cut N into about one tile
+// per SM, each over all of K (S = 1) or over half of it with the two halves in a cluster pair (S = 2): no stream-K,
+// no scratch, no settlement through L2; a tile ends with one sum in shared memory (and one over distributed shared
+// memory for S = 2).
+//   - an iteration is one 128-wide K block: WN x 128 weight bytes (one bulk copy, two where the tile crosses a packed
+//     block's 128 rows) and the 64 x 128 token block (tensor-map TMA, 128-byte swizzle, rows past M zero-filled;
+//     at NT = 32 only 32 rows are loaded and rows 32-63 of the MMA compute rows that are never stored);
+//   - two rings as in fp8_gemm_wgmma64.cu: weight stages, filled before griddepcontrol.wait (constants), and token
+//     stages with the block's token scales, filled after it; both with even stage counts (see the consumer loop);
+//   - two consumer warpgroups take alternate K blocks (each with its own FP32 total, summed in a fixed order at the
+//     end), so one's promotion overlaps the other's MMAs; a producer warp streams both rings;
+//   - 288 threads, at most 112 registers and under half an SM's shared memory: two CTAs per SM, so under PDL the next
+//     GEMM becomes resident beside this one and fills its weight ring while this one finishes.
+// Rounding: each k32 MMA's products go to one of ACCS accumulators summed in FP32 per K block, then scaled by the
+// block's token and weight scales (fp8_gemm_wgmma.cu says why).
+#include "sm90.cuh"
+
+#define TM_CONSUMERS 256            // two warpgroups
+#define TM_THREADS (TM_CONSUMERS + 32)
+#define TM_BAR_READY 1              // producer warp -> consumers: stage barriers initialized (TM_CONSUMERS + 32)
+#define TM_BAR_SUM 2                // both consumer warpgroups
+#define TM_TOKEN_BYTES 8192         // one token stage: the MMA's 64 rows x 128 bytes
+#define TM_SCALES 64                // token scales per token stage
+
+// D[64 x WN] (+)= A[64 x 32] * B[WN x 32]^T as wgmmas of N = 32 / 16 / 8 over consecutive row pieces of the weight
+// tile (row O of the tile starts O * 128 bytes into it: pieces start on 8-row swizzle atoms). Piece O's registers are
+// d[O / 2 ...]: the m64nN accumulator layout puts column 8 j + c in registers 4 j + ..., the same as one wide MMA's.
+template <int WN, int O = 0>
+__device__ __forceinline__ void wgmma_rows(float (&d)[WN / 2], u64 da, unsigned b, int accumulate) {
+    if constexpr (O < WN) {
+        constexpr int P = WN - O >= 32 ? 32 : (WN - O >= 16 ? 16 : 8);
+        wgmma_e4m3<P>(*reinterpret_cast<float(*)[P / 2]>(&d[O / 2]), da, desc_sw128(b + O * 128), accumulate);
+        wgmma_rows<WN, O + P>(d, da, b, accumulate);
+    }
+}
+
+// One K block of a consumer warpgroup: acc = tokens[64 x 128] * weights[WN x 128]^T, the four k32 steps spread over
+// ACCS accumulators, waited for.
+template <int WN, int ACCS>
+__device__ __forceinline__ void tm_mma_block(float (&acc)[ACCS][WN / 2], unsigned a, unsigned b) {
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) wgmma_rows<WN>(acc[k % ACCS], desc_sw128(a + 32 * k), b + 32 * k, k >= ACCS);
+    wgmma_commit();
+    wgmma_wait_all();
+#pragma unroll
+    for (int q = 0; q < ACCS; ++q) fence_regs(acc[q]);
+}
+
+// total += acc * sx[row] * sw[column's weight block]: x0 / x1 are the scales of this thread's two token rows, wa / wb
+// those of the weight blocks left / right of tile column `split` (a multiple of 8, so a column group of 8 never
+// straddles it).
+template <int WN, int ACCS>
+__device__ __forceinline__ void tm_promote(float (&total)[WN / 2], const float (&acc)[ACCS][WN / 2], float x0, float x1,
+                                           float wa, float wb, int split) {
+#pragma unroll
+    for (int j = 0; j < WN / 8; ++j) {
+        const float w = 8 * j < split ? wa : wb;
+        const float s0 = x0 * w, s1 = x1 * w;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float v = acc[0][4 * j + e];
+#pragma unroll
+            for (int q = 1; q < ACCS; ++q) v += acc[q][4 * j + e];
+            total[4 * j + e] += v * (e < 2 ? s0 : s1);
+        }
+    }
+}
+
+// One warpgroup's [64 tokens x WN] total to y[M, N] as bf16 pairs (rows past M dropped).
+template <int WN>
+__device__ __forceinline__ void tm_store(const float (&v)[WN / 2], bf16_t* __restrict__ y, int n0, int M, int N) {
+    const int t = threadIdx.x & 127, lane = t & 31;
+    const int m = 16 * (t >> 5) + (lane >> 2);
+#pragma unroll
+    for (int r = 0; r < WN / 2; r += 2) {
+        const int row = m + 8 * ((r & 3) >> 1), n = n0 + 8 * (r >> 2) + 2 * (lane & 3);
+        if (row < M) *reinterpret_cast<unsigned*>(y + (i64)row * N + n) = pack_bf16x2(v[r], v[r + 1]);
+    }
+}
+
+// xmap: tensor map over x fp8 [M, K] (box 128 x NT rows, 128-byte swizzle). Grid: N / WN * S CTAs, clusters of S.
+template <int NT, int WN, int S>
+__global__ void __launch_bounds__(TM_THREADS, 2)
+    fp8_gemm_wgmma_tm(const __grid_constant__ TensorMap xmap, const float* __restrict__ sx,
+                      const fp8_t* __restrict__ wp, const float* __restrict__ sw, bf16_t* __restrict__ y, int M,
+                      int N, int K, int Mp, int stages, int tstages, int rotate) {
+    static_assert(WN % 8 == 0 && WN <= 128 && (S == 1 || S == 2) && (NT == 32 || NT == 64), "fp8_gemm_wgmma_tm");
+    constexpr int R = WN / 2, W_BYTES = WN * 128;
+    // Two accumulators per K block: the 64-row kernel's choice at 32-64 tokens (its rounding test's bound holds,
+    // and four would not fit two CTAs per SM at WN = 48).
+    constexpr int ACCS = 2;
+    extern __shared__ unsigned char smem_raw[];
+    const unsigned raw = smem_u32(smem_raw);
+    unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int KB = K >> 7, iters = KB / S;
+    const int tile = blockIdx.x / S, rank = blockIdx.x % S;  // clusters of S consecutive CTAs: rank = cluster rank
+    const int kbeg = rank * iters, n0 = tile * WN;
+    // (rotate) iteration j takes K block kbeg + (j + rot) % iters: tiles start at different K blocks, so the CTAs do
+    // not all read the same token block from the same L2 lines at once.
+    const int rot = rotate ? tile % iters : 0;
+    const int blk = n0 >> 7, split = 128 - (n0 & 127);  // tile columns [0, split) lie in weight block blk
+    const int rows_a = min(WN, split);
+    // Layout: [stages][WN x 128] weights | [tstages][64 x 128] tokens (both regions multiples of 1 KB: swizzle atoms
+    // stay aligned; after the loop the weight ring holds a warpgroup's total) | [tstages][64] token scales |
+    // [iters][2] weight scales (left / right of split) | mbarriers full_w, empty_w, full_t, empty_t
+    const unsigned wring = smem_u32(smem), tring = wring + stages * W_BYTES;
+    float* s_x = reinterpret_cast<float*>(smem + stages * W_BYTES + tstages * TM_TOKEN_BYTES);
+    float* s_w = s_x + tstages * TM_SCALES;
+    const unsigned full_w = (smem_u32(s_w + 2 * iters) + 7u) & ~7u, empty_w = full_w + 8 * stages;
+    const unsigned full_t = empty_w + 8 * stages, empty_t = full_t + 8 * tstages;
+
+    pdl_launch_dependents();
+    if (tid >= TM_CONSUMERS) {  // ---- producer warp: one thread streams weights, tokens and token scales
+        if (tid == TM_CONSUMERS) {
+            prefetch_tensor_map(&xmap);
+            for (int s = 0; s < stages; ++s) {
+                mbar_init(full_w + 8 * s, 1);                  // the producer's arrive (plus the copies' bytes)
+                mbar_init(empty_w + 8 * s, TM_CONSUMERS / 64);  // one arrive per warp of the warpgroup using it
+            }
+            for (int s = 0; s < tstages; ++s) {
+                mbar_init(full_t + 8 * s, 1);
+                mbar_init(empty_t + 8 * s, TM_CONSUMERS / 64);
+            }
+            fence_proxy_async();  // the inits are visible to the TMA engine (async proxy)
+        }
+        __syncwarp();
+        named_barrier_arrive(TM_BAR_READY, TM_CONSUMERS + 32);
+        if (tid == TM_CONSUMERS) {
+            const unsigned t_bytes = NT * 128 + 4u * Mp;
+            const fp8_t* wa = wp + ((i64)blk * KB * 128 + (n0 & 127)) * 128;  // tile rows in block blk, K block 0
+            const fp8_t* wb = wp + (i64)(blk + 1) * KB * 16384;              // the rest in block blk + 1
+            auto load_weights = [&](int st, int kb) {
+                mbar_arrive_expect_tx(full_w + 8 * st, W_BYTES);
+                bulk_copy_g2s(wring + st * W_BYTES, wa + (i64)kb * 16384, rows_a * 128, full_w + 8 * st);
+                if (rows_a < WN)
+                    bulk_copy_g2s(wring + st * W_BYTES + rows_a * 128, wb + (i64)kb * 16384, (WN - rows_a) * 128,
+                                  full_w + 8 * st);
+            };
+            auto load_tokens = [&](int st, int kb) {
+                mbar_arrive_expect_tx(full_t + 8 * st, t_bytes);
+                tma_load_2d(tring + st * TM_TOKEN_BYTES, &xmap, kb * 128, 0, full_t + 8 * st);
+                bulk_copy_g2s(smem_u32(s_x + st * TM_SCALES), sx + (i64)kb * Mp, 4u * Mp, full_t + 8 * st);
+            };
+            const int wpre = min(stages, iters), tpre = min(tstages, iters);
+            auto kb_of = [&](int u) { return kbeg + (u + rot < iters ? u + rot : u + rot - iters); };
+            for (int u = 0; u < wpre; ++u) load_weights(u, kb_of(u));
+            pdl_wait();  // tokens and their scales were written by the kernel ahead
+            for (int u = 0; u < tpre; ++u) load_tokens(u, kb_of(u));
+            // Each time the consumers release iteration i's stages, they take iteration i + tstages's tokens and
+            // i + stages's weights.
+            for (int i = 0, ts = 0, tph = 0, wsg = 0, wph = 0; i + tstages < iters || i + stages < iters; ++i) {
+                if (i + tstages < iters) {
+                    mbar_wait(empty_t + 8 * ts, tph);
+                    load_tokens(ts, kb_of(i + tstages));
+                }
+                if (i + stages < iters) {
+                    mbar_wait(empty_w + 8 * wsg, wph);
+                    load_weights(wsg, kb_of(i + stages));
+                }
+                ring_next(ts, tph, tstages);
+                ring_next(wsg, wph, stages);
+            }
+        }
+        if constexpr (S == 2) {
+            __syncwarp();
+            cluster_sync();  // the pair's totals are in shared memory
+            cluster_sync();  // rank 0 has read rank 1's
+        }
+        return;
+    }
+
+    // ---- consumers. The weight scales of this CTA's K blocks (constants) are copied before the wait.
+    const int blk_b = rows_a < WN ? blk + 1 : blk;
+    for (int i = tid; i < iters; i += TM_CONSUMERS) {
+        const int kb = kbeg + (i + rot < iters ? i + rot : i + rot - iters);  // iteration i's
+        cp_async4(smem_u32(s_w + 2 * i), sw + (i64)blk * KB + kb, true);
+        cp_async4(smem_u32(s_w + 2 * i + 1), sw + (i64)blk_b * KB + kb, true);
+    }
+    cp_async_commit();
+    pdl_wait();  // every global write below comes after the kernel ahead (it may still read y)
+    cp_async_wait<0>();
+    named_barrier(TM_BAR_READY, TM_CONSUMERS + 32);  // stage barriers initialized, every weight scale landed
+
+    const int wg = tid >> 7, m0 = 16 * ((tid & 127) >> 5) + (lane >> 2);  // this thread's token rows: m0, m0 + 8
+    float total[R], acc[ACCS][R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        total[r] = 0.f;
+#pragma unroll
+        for (int q = 0; q < ACCS; ++q) acc[q][r] = 0.f;
+    }
+    // Warpgroup wg takes iterations wg, wg + 2, ...: weight stage j % stages (phase j / stages & 1), token stage
+    // j % tstages. Both stage counts are even (the host checks): every stage is used by one warpgroup only, so the
+    // parity waits below never see another warpgroup's use of the stage one phase behind (with an odd count they
+    // could pass on its still pending load). A step of 2 wraps at most once.
+    int s = wg, ph = 0, t = wg, tph = 0;
+    if (s >= stages) s -= stages, ph ^= 1;
+    if (t >= tstages) t -= tstages, tph ^= 1;
+    for (int j = wg; j < iters; j += 2) {
+        mbar_wait(full_t + 8 * t, tph);
+        mbar_wait(full_w + 8 * s, ph);
+        tm_mma_block<WN, ACCS>(acc, tring + t * TM_TOKEN_BYTES, wring + s * W_BYTES);
+        const float x0 = s_x[t * TM_SCALES + m0], x1 = s_x[t * TM_SCALES + m0 + 8];
+        __syncwarp();  // every lane has read the token scales
+        if (lane == 0) {  // this warp is done with both stages
+            mbar_arrive(empty_w + 8 * s);
+            mbar_arrive(empty_t + 8 * t);
+        }
+        tm_promote<WN, ACCS>(total, acc, x0, x1, s_w[2 * j], s_w[2 * j + 1], split);
+        s += 2;
+        if (s >= stages) s -= stages, ph ^= 1;
+        t += 2;
+        if (t >= tstages) t -= tstages, tph ^= 1;
+    }
+
+    // The tile's sum in a fixed order (the same bits on every launch): warpgroup 0 + warpgroup 1 (through the weight
+    // ring, free once both are past their last MMA), then for S = 2 rank 0 + rank 1 over distributed shared memory.
+    float* sum = reinterpret_cast<float*>(smem);  // [R][128 threads]: conflict free
+    named_barrier(TM_BAR_SUM, TM_CONSUMERS);
+    if (wg == 1) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) sum[r * 128 + tid - 128] = total[r];
+    }
+    named_barrier(TM_BAR_SUM, TM_CONSUMERS);
+    if (wg == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) total[r] += sum[r * 128 + tid];
+    }
+    if constexpr (S == 1) {
+        if (wg == 0) tm_store<WN>(total, y, n0, M, N);
+    } else {
+        if (wg == 0 && rank == 1) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) sum[r * 128 + tid] = total[r];  // the addresses this thread just read
+        }
+        cluster_sync();
+        if (wg == 0 && rank == 0) {
+            const unsigned peer = mapa_shared(smem_u32(sum), 1u);
+            float v[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) v[r] = ld_cluster_f32(peer + 4u * (r * 128 + tid));
+#pragma unroll
+            for (int r = 0; r < R; ++r) total[r] += v[r];
+            tm_store<WN>(total, y, n0, M, N);
+        }
+        cluster_sync();  // rank 1's shared memory stays until rank 0 has read it
+    }
+}
