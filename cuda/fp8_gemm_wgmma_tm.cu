@@ -75,19 +75,26 @@ __device__ __forceinline__ void tm_promote(float (&total)[WN / 2], const float (
     }
 }
 
-// One warpgroup's [64 tokens x WN] total to y[M, N] as bf16 pairs (rows past M dropped).
+// One warpgroup's [64 tokens x WN] total to y[M, N] as bf16 pairs: tile columns [0, wn) from n0 (rows past M and
+// columns past wn dropped).
 template <int WN>
-__device__ __forceinline__ void tm_store(const float (&v)[WN / 2], bf16_t* __restrict__ y, int n0, int M, int N) {
+__device__ __forceinline__ void tm_store(const float (&v)[WN / 2], bf16_t* __restrict__ y, int n0, int wn, int M,
+                                         int N) {
     const int t = threadIdx.x & 127, lane = t & 31;
     const int m = 16 * (t >> 5) + (lane >> 2);
 #pragma unroll
     for (int r = 0; r < WN / 2; r += 2) {
-        const int row = m + 8 * ((r & 3) >> 1), n = n0 + 8 * (r >> 2) + 2 * (lane & 3);
-        if (row < M) *reinterpret_cast<unsigned*>(y + (i64)row * N + n) = pack_bf16x2(v[r], v[r + 1]);
+        const int row = m + 8 * ((r & 3) >> 1), col = 8 * (r >> 2) + 2 * (lane & 3);
+        if (row < M && col < wn) *reinterpret_cast<unsigned*>(y + (i64)row * N + n0 + col) = pack_bf16x2(v[r], v[r + 1]);
     }
 }
 
-// xmap: tensor map over x fp8 [M, K] (box 128 x NT rows, 128-byte swizzle). Grid: N / WN * S CTAs, clusters of S.
+// xmap: tensor map over x fp8 [M, K] (box 128 x NT rows, 128-byte swizzle). Grid: T * S CTAs (T tiles), clusters of
+// S. Tile c covers the 8-row groups [c * G / T, (c + 1) * G / T) of the G = N / 8: widths differ by at most 8 rows
+// and the host picks T (and WN, the widest) so that the grid is one CTA per SM. Why not equal tiles on fewer CTAs:
+// measured (bench/results/traces, gemm-grid), any GEMM grid short of the SM count ran 1-1.5 us slower in a PDL
+// chain (the next GEMM's CTAs double up on the idle SMs); the token-major kernel on 128 of 132 SMs gained nothing
+// from PDL where the stream-K kernels gain ~3 us.
 template <int NT, int WN, int S>
 __global__ void __launch_bounds__(TM_THREADS, 2)
     fp8_gemm_wgmma_tm(const __grid_constant__ TensorMap xmap, const float* __restrict__ sx,
@@ -105,12 +112,13 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     const int tid = threadIdx.x, lane = tid & 31;
     const int KB = K >> 7, iters = KB / S;
     const int tile = blockIdx.x / S, rank = blockIdx.x % S;  // clusters of S consecutive CTAs: rank = cluster rank
-    const int kbeg = rank * iters, n0 = tile * WN;
+    const int T = gridDim.x / S, G = N >> 3;
+    const int kbeg = rank * iters, n0 = 8 * (int)((i64)tile * G / T), wn = 8 * (int)((i64)(tile + 1) * G / T) - n0;
     // (rotate) iteration j takes K block kbeg + (j + rot) % iters: tiles start at different K blocks, so the CTAs do
     // not all read the same token block from the same L2 lines at once.
     const int rot = rotate ? tile % iters : 0;
     const int blk = n0 >> 7, split = 128 - (n0 & 127);  // tile columns [0, split) lie in weight block blk
-    const int rows_a = min(WN, split);
+    const int rows_a = min(wn, split);
     // Layout: [stages][WN x 128] weights | [tstages][64 x 128] tokens (both regions multiples of 1 KB: swizzle atoms
     // stay aligned; after the loop the weight ring holds a warpgroup's total) | [tstages][64] token scales |
     // [iters][2] weight scales (left / right of split) | mbarriers full_w, empty_w, full_t, empty_t
@@ -141,10 +149,12 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
             const fp8_t* wa = wp + ((i64)blk * KB * 128 + (n0 & 127)) * 128;  // tile rows in block blk, K block 0
             const fp8_t* wb = wp + (i64)(blk + 1) * KB * 16384;              // the rest in block blk + 1
             auto load_weights = [&](int st, int kb) {
-                mbar_arrive_expect_tx(full_w + 8 * st, W_BYTES);
+                // A narrower tile leaves the stage's last rows as they were: the MMAs compute their columns from
+                // stale bytes and tm_store drops them.
+                mbar_arrive_expect_tx(full_w + 8 * st, (unsigned)wn * 128u);
                 bulk_copy_g2s(wring + st * W_BYTES, wa + (i64)kb * 16384, rows_a * 128, full_w + 8 * st);
-                if (rows_a < WN)
-                    bulk_copy_g2s(wring + st * W_BYTES + rows_a * 128, wb + (i64)kb * 16384, (WN - rows_a) * 128,
+                if (rows_a < wn)
+                    bulk_copy_g2s(wring + st * W_BYTES + rows_a * 128, wb + (i64)kb * 16384, (wn - rows_a) * 128,
                                   full_w + 8 * st);
             };
             auto load_tokens = [&](int st, int kb) {
@@ -181,7 +191,7 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     }
 
     // ---- consumers. The weight scales of this CTA's K blocks (constants) are copied before the wait.
-    const int blk_b = rows_a < WN ? blk + 1 : blk;
+    const int blk_b = rows_a < wn ? blk + 1 : blk;
     for (int i = tid; i < iters; i += TM_CONSUMERS) {
         const int kb = kbeg + (i + rot < iters ? i + rot : i + rot - iters);  // iteration i's
         cp_async4(smem_u32(s_w + 2 * i), sw + (i64)blk * KB + kb, true);
@@ -238,7 +248,7 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
         for (int r = 0; r < R; ++r) total[r] += sum[r * 128 + tid];
     }
     if constexpr (S == 1) {
-        if (wg == 0) tm_store<WN>(total, y, n0, M, N);
+        if (wg == 0) tm_store<WN>(total, y, n0, wn, M, N);
     } else {
         if (wg == 0 && rank == 1) {
 #pragma unroll
@@ -252,7 +262,7 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
             for (int r = 0; r < R; ++r) v[r] = ld_cluster_f32(peer + 4u * (r * 128 + tid));
 #pragma unroll
             for (int r = 0; r < R; ++r) total[r] += v[r];
-            tm_store<WN>(total, y, n0, M, N);
+            tm_store<WN>(total, y, n0, wn, M, N);
         }
         cluster_sync();  // rank 1's shared memory stays until rank 0 has read it
     }

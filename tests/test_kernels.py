@@ -278,32 +278,33 @@ def test_lean_plans_prefetch_at_most_half_a_range() -> None:
 
 
 def test_wgmma_tm_plan_cuts_whole_tiles_per_sm() -> None:
-    """The token-major kernel's plans: about one whole-K tile (or half-K cluster pair) per SM, the fewest weight bytes
-    per CTA, shared memory for two CTAs per SM; layers that do not cut that evenly are left to stream-K."""
-    want = {(6144, 2560): (48, 1), (2560, 4096): (40, 2), (2560, 9728): (40, 2), (2560, 2560): (40, 2)}
+    """The token-major kernel's plans: one CTA per SM, tiles of whole 8-row groups over all of K or cluster pairs
+    over half of it, the split with the fewest weight bytes on the busiest CTA, shared memory for two CTAs per SM;
+    layers that do not cut into one tile (pair) per SM within the compiled widths are left to stream-K."""
+    want = {(6144, 2560): (48, 1), (2560, 4096): (40, 2), (2560, 9728): (40, 2), (2560, 2560): (40, 2),
+            (1024, 1024): (16, 2)}
     for M in (17, 32, 33, 64):
         for (N, K), (wn, split) in want.items():
             p = kernels.wgmma_tm_plan(M, N, K, sms=132)
             assert p.token_major and (p.rows, p.cluster) == (wn, split) and p.nt == (32 if M <= 32 else 64)
-            assert p.grid == N // wn * split == 128 and p.iters == K // 128 // split
+            T, G = 132 // split, N // 8
+            assert p.grid == 132 and p.iters == K // 128 // split and 8 * math.ceil(G / T) <= wn
             assert 2 <= p.stages <= 8 and p.stages % 2 == 0 and p.tstages == 8
             assert p.smem == wgmma_tm_smem_bytes(wn, p.stages, p.tstages, p.iters)
             assert 2 * (p.smem + 1024 + 64) <= 228 * 1024  # the next GEMM's CTA fits beside it
             assert p.stages * wn * 128 >= 64 * wn * 4  # the ring holds a warpgroup's total after the loop
             assert kernels.scratch_fits(p, N, 132)
-        with pytest.raises(ValueError):  # 19456 rows: no width in the compiled set gives at most one tile per SM
+        with pytest.raises(ValueError):  # 19456 rows: a tile per SM would be wider than any compiled width
             kernels.wgmma_tm_plan(M, 19456, 2560, sms=132)
+        with pytest.raises(ValueError):  # 60 groups of 8 rows: not a tile for every SM, whatever the split
+            kernels.wgmma_tm_plan(M, 480, 2560, sms=132)
     for M in (16, 65, 128):
         with pytest.raises(ValueError):
             kernels.wgmma_tm_plan(M, 6144, 2560, sms=132)
-    with pytest.raises(ValueError):  # 80 tiles of 32 on 132 SMs: under the fill bound
-        kernels.wgmma_tm_plan(64, 2560, 384, sms=132)
-    forced = kernels.wgmma_tm_plan(64, 2560, 384, sms=132, wn=32, split=1)  # forced: no fill bound
-    assert (forced.rows, forced.cluster, forced.grid) == (32, 1, 80)
+    forced = kernels.wgmma_tm_plan(64, 480, 2560, sms=132, split=1)  # forced: fewer tiles than SMs allowed
+    assert (forced.rows, forced.cluster, forced.grid) == (16, 1, 60)
     with pytest.raises(ValueError):  # an odd K-block count cannot split in two
-        kernels.wgmma_tm_plan(64, 2560, 384, sms=132, wn=40, split=2)
-    with pytest.raises(ValueError):  # 56 is not a compiled width
-        kernels.wgmma_tm_plan(64, 2576, 384, sms=132, wn=56, split=1)
+        kernels.wgmma_tm_plan(64, 2560, 384, sms=132, split=2)
     assert kernels.wgmma_tm_plan(40, 6144, 2560, sms=132, stages=2).stages == 2
     odd = kernels.wgmma_tm_plan(40, 6144, 2560, sms=132, stages=5, tstages=5)  # rounded down to even counts
     assert (odd.stages, odd.tstages) == (4, 4)
@@ -500,26 +501,26 @@ def test_fp8_gemm_both_tile_heights(rows: int, M: int, N: int, K: int) -> None:
 
 
 @GPU
-@pytest.mark.parametrize("M,N,K,wn,split,stages", [
-    (17, 1280, 640, 40, 1, None),   # tile 3 crosses a packed block (rows 120-159)
-    (33, 6144, 2560, 48, 1, None),  # wqkv's plan: 48-row tiles, every third one crossing
-    (64, 2560, 4096, 40, 2, None),  # wo's: cluster pairs over half of K each
-    (40, 2560, 9728, 40, 2, 2),     # w2's, with a two-stage ring (19 passes around it)
-    (20, 384, 256, 24, 2, None),    # one K block per CTA
-    (64, 1024, 3072, 16, 2, 4),
-    (50, 3072, 1024, 48, 2, None),
-    (32, 2560, 384, 32, 1, 2),      # an odd K-block count, alternate warpgroups ending unevenly
+@pytest.mark.parametrize("M,N,K,sms,split,stages", [
+    (17, 1280, 640, 32, 1, None),   # 40-row tiles, tile 3 crossing a packed block (rows 120-159)
+    (33, 6144, 2560, 132, 1, None),  # wqkv's plan: 40- and 48-row tiles, some crossing
+    (64, 2560, 4096, 132, 2, None),  # wo's: cluster pairs over half of K each, 32- and 40-row tiles
+    (40, 2560, 9728, 132, 2, 2),     # w2's, with a two-stage ring (19 passes around it)
+    (20, 384, 256, 20, 2, None),     # one K block per CTA, uneven tiles
+    (64, 1024, 3072, 60, 2, 4),
+    (50, 3072, 1024, 132, 2, None),
+    (32, 2560, 384, 132, 1, 2),      # an odd K-block count, alternate warpgroups ending unevenly
 ])
-def test_fp8_gemm_token_major_kernel(M: int, N: int, K: int, wn: int, split: int, stages: int | None) -> None:
-    """The token-major kernel (tokens on the wgmma M side, whole-K or cluster-pair tiles of WN weight rows) computes
-    the product on tiles that cross packed blocks, short and wrapping rings, both token tiles; the same bits on every
-    call and from a CUDA graph."""
+def test_fp8_gemm_token_major_kernel(M: int, N: int, K: int, sms: int, split: int, stages: int | None) -> None:
+    """The token-major kernel (tokens on the wgmma M side, whole-K or cluster-pair tiles of unequal widths, one per
+    CTA) computes the product on tiles that cross packed blocks, short and wrapping rings, both token tiles; the same
+    bits on every call and from a CUDA graph."""
     from rtts.kernels import _jit
 
     if not kernels._use_wgmma(torch.device("cuda")) or not _jit.tensor_maps_available():
         pytest.skip("no wgmma or no tensor maps on this GPU")
-    plan = kernels.wgmma_tm_plan(M, N, K, kernels._sm_count(0), stages, wn, split)
-    assert (plan.rows, plan.cluster) == (wn, split) and (stages is None or plan.stages == stages)
+    plan = kernels.wgmma_tm_plan(M, N, K, sms, stages, split)
+    assert plan.cluster == split and (stages is None or plan.stages == stages)
     x, w = _x(M, K, seed=M + 70, device="cuda"), _x(N, K, scale=0.05, seed=N + 71, device="cuda")
     wq, sw = ref.quantize_weight(w)
     xq, sx = ref.quantize_1x128(x)

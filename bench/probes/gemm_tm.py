@@ -15,7 +15,6 @@ import torch
 from rtts import kernels
 from rtts.bench.kernels import S2_GEMMS, _calls, copies_for, time_graph
 from rtts.kernels import reference as ref
-from rtts.kernels.gemm_plan import _TM_WN
 
 
 def main() -> None:
@@ -32,16 +31,15 @@ def main() -> None:
         for M in ms:
             xq, sx = kernels.quantize_1x128(torch.randn(M, K, device="cuda", dtype=torch.bfloat16))
             plans = {"stream-K": kernels._plan(M, N, K, 0, cluster=1, rows=64)}
-            for wn in _TM_WN:
-                for split in (1, 2):
-                    for ts in (4, 8):
-                        for st in (2, 4, 6, 8):
-                            try:
-                                p = kernels.wgmma_tm_plan(M, N, K, sms, st, wn, split, ts)
-                            except ValueError:
-                                continue
-                            if p.grid >= 0.9 * sms:
-                                plans[f"tm wn={wn} S={split} ts={ts} st={p.stages} grid={p.grid}"] = p
+            for split in (1, 2):
+                for ts in (4, 8):
+                    for st in (2, 4, 6, 8):
+                        try:
+                            p = kernels.wgmma_tm_plan(M, N, K, sms, st, split, ts)
+                        except ValueError:
+                            continue
+                        if p.grid == sms:
+                            plans[f"tm wn={p.rows} S={split} ts={ts} st={p.stages} grid={p.grid}"] = p
             for label, plan in plans.items():
                 def call(i: int, plan: kernels.WgmmaPlan = plan) -> torch.Tensor:
                     wp, sw = packed[i % len(packed)]

@@ -96,9 +96,6 @@ _TM_TOKEN_BYTES = 8192  # a token stage: the MMA's 64 rows x 128
 # probe hung on a three-stage ring). Four token stages per warpgroup: with two, each K block waited a token round trip.
 _TM_TOKEN_STAGES = 8
 _TM_MAX_STAGES = 8
-# Used only where the tiles fill at least this share of the SMs: below it the stream-K kernels spread the bytes
-# evenly and win.
-_TM_MIN_FILL = 0.9
 _TM_INSTANCES = tuple(f"fp8_gemm_wgmma_tm<{nt},{wn},{s}>" for nt in _TM_NT for wn in _TM_WN for s in (1, 2))
 
 
@@ -256,31 +253,31 @@ def wgmma_tm_smem_bytes(wn: int, stages: int, tstages: int, iters: int) -> int:
 
 
 @functools.cache
-def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, wn: int | None = None,
-                  split: int | None = None, tstages: int | None = None) -> WgmmaPlan:
-    """The token-major kernel's plan for 17-64 tokens: the tile width WN (of _TM_WN, dividing N) and K split S (1, or
-    2 with K/128 even) whose N / WN * S CTAs fit one per SM with the fewest weight bytes per CTA (ties: no split,
-    then wider tiles), used only when they fill _TM_MIN_FILL of the SMs (`wn` / `split` force a choice and skip that
-    check: tests, probes); _TM_TOKEN_STAGES token stages (`tstages` replaces it) and as many weight stages as the
-    rest of half an SM's shared memory holds, up to _TM_MAX_STAGES (`stages` lowers them); both even, at least
-    two. Raises ValueError where no choice qualifies: the caller plans another kernel."""
+def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, split: int | None = None,
+                  tstages: int | None = None) -> WgmmaPlan:
+    """The token-major kernel's plan for 17-64 tokens: one CTA per SM (the kernel says why), as T = sms / S tiles of
+    whole 8-row groups over all of K (S = 1) or in cluster pairs over half of it each (S = 2, K/128 even): the S with
+    the fewer weight bytes on the busiest CTA (ties: no split), its widest tile rounded up to a compiled width
+    (_TM_WN); only splits whose tiles fill every SM (`split` forces S and skips that check: tests, probes; `sms`
+    below the GPU's gives fewer, wider tiles). _TM_TOKEN_STAGES token stages (`tstages` replaces it)
+    and as many weight stages as the rest of half an SM's shared memory holds, up to _TM_MAX_STAGES (`stages` lowers
+    them); both even, at least two. Raises ValueError where nothing qualifies: the caller plans another kernel."""
     if not _H_NT[0] // 2 < M <= _TM_NT[-1] or N % 8 or K % 128:
         raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}")
     nt = next(n for n in _TM_NT if n >= M)
-    KB = K // 128
+    KB, G = K // 128, N // 8
     options = []
-    for w in _TM_WN if wn is None else (wn,):
-        for s in (1, 2) if split is None else (split,):
-            ctas = N // w * s
-            if w in _TM_WN and s in (1, 2) and N % w == 0 and KB % s == 0 and 0 < ctas <= sms:
-                options.append((w * KB // s, s, -w))
+    for s in (1, 2) if split is None else (split,):
+        T = min(G, sms // s)
+        if s not in (1, 2) or KB % s or T < 1 or (split is None and T < sms // s):
+            continue
+        need = 8 * -(-G // T)  # the widest tile's rows
+        w = next((w for w in _TM_WN if w >= need), None)
+        if w is not None:
+            options.append((need * KB // s, s, w, T))
     if not options:
         raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}")
-    _, s, w = min(options)
-    w = -w
-    ctas = N // w * s
-    if wn is None and split is None and ctas < _TM_MIN_FILL * sms:
-        raise ValueError(f"token-major tiles for {M}x{N}x{K} fill {ctas} of {sms} SMs")
+    _, s, w, T = min(options)
     iters = KB // s
     ts = _TM_TOKEN_STAGES if tstages is None else tstages
     ts -= ts % 2
@@ -291,7 +288,7 @@ def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, w
     st -= st % 2
     if st < _MIN_STAGES or ts < _MIN_STAGES:  # the ring holds a warpgroup's total after the loop (two stages)
         raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}: no room for two stages of each ring")
-    return WgmmaPlan(nt, st, ctas, wgmma_tm_smem_bytes(w, st, ts, iters), s, iters, w, ts, 0, True)
+    return WgmmaPlan(nt, st, T * s, wgmma_tm_smem_bytes(w, st, ts, iters), s, iters, w, ts, 0, True)
 
 
 def gemm_plan(M: int, N: int, K: int) -> tuple[int, int, int, int]:
