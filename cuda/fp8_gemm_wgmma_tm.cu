@@ -2,12 +2,16 @@
 // operands of fp8_gemm_wgmma.cu (packed weights [N/128][K/128][128 rows][128 bytes], 1x128 token scales
 // sx[K/128, Mp], 128x128 weight scales sw[N/128, K/128], y bf16 [M, N]).
 //
+// Status (session 12): an experiment, planned only under RTTS_GEMM_TM=1 (rtts/env.py says what is left to decide).
+// On one H200 in a PDL chain of calls it took wqkv at 64 tokens from 9.4 to 7.4 us and wo from 7.9 to 6.8, and was
+// slower than stream-K for w2 (hence gemm_plan._TM_MAX_ITERS); bench/results/traces/README.md has every run.
+//
 // Why a third kernel: the swap-AB kernels put weight rows on the wgmma M side (64 per warpgroup), so a layer of N rows
 // has N/64 or N/128 tiles, too few to give every SM one whole tile, and their stream-K split leaves most tiles in
 // pieces that a settling CTA sums after its stream (measured: ~2.4 us from the median CTA's exit to the last one's at
 // wqkv, 64 tokens, bench/results/traces). Here the 64 (zero-padded) token rows are the wgmma M side and a tile is WN
-// weight rows (the N side: any multiple of 8), so the planner (gemm_plan.wgmma_tm_plan) can cut N into about one tile
-// per SM, each over all of K (S = 1) or over half of it with the two halves in a cluster pair (S = 2): no stream-K,
+// weight rows (the N side: any multiple of 8), so the planner (gemm_plan.wgmma_tm_plan) can cut N into one tile per
+// SM, each over all of K (S = 1) or over half of it with the two halves in a cluster pair (S = 2): no stream-K,
 // no scratch, no settlement through L2; a tile ends with one sum in shared memory (and one over distributed shared
 // memory for S = 2).
 //   - an iteration is one 128-wide K block: WN x 128 weight bytes (one bulk copy, two where the tile crosses a packed

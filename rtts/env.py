@@ -60,9 +60,12 @@ def gemm_tma_tokens() -> bool:
 
 
 def gemm_token_major() -> bool:
-    """RTTS_GEMM_TM=0: plan 17-64 token GEMMs on the stream-K kernels only, never the token-major one
-    (cuda/fp8_gemm_wgmma_tm.cu): comparison, bisection."""
-    return os.environ.get("RTTS_GEMM_TM", "").strip() != "0"
+    """RTTS_GEMM_TM=1: plan 17-64 token GEMMs on the token-major kernel (cuda/fp8_gemm_wgmma_tm.cu) where it has a
+    plan, instead of the 64-row stream-K kernel. Off by default: its one-CTA-per-SM version (unequal tile widths) was
+    timed on the H200 in session 12 (wqkv 64 tokens 9.4 -> 7.4 us, wo 7.9 -> 6.8; bench/results/traces/README.md)
+    but its GPU tests' outcome was not seen before the session's device time ran out. To decide: the GPU tests, then
+    `python -m rtts.bench kernels --sections gemm,mlp --m 17,32,64` with and without it."""
+    return os.environ.get("RTTS_GEMM_TM", "").strip() == "1"
 
 
 def gemm_tm_rotate() -> bool:

@@ -281,8 +281,7 @@ def test_wgmma_tm_plan_cuts_whole_tiles_per_sm() -> None:
     """The token-major kernel's plans: one CTA per SM, tiles of whole 8-row groups over all of K or cluster pairs
     over half of it, the split with the fewest weight bytes on the busiest CTA, shared memory for two CTAs per SM;
     layers that do not cut into one tile (pair) per SM within the compiled widths are left to stream-K."""
-    want = {(6144, 2560): (48, 1), (2560, 4096): (40, 2), (2560, 9728): (40, 2), (2560, 2560): (40, 2),
-            (1024, 1024): (16, 2)}
+    want = {(6144, 2560): (48, 1), (2560, 4096): (40, 2), (2560, 2560): (40, 2), (1024, 1024): (16, 2)}
     for M in (17, 32, 33, 64):
         for (N, K), (wn, split) in want.items():
             p = kernels.wgmma_tm_plan(M, N, K, sms=132)
@@ -298,6 +297,9 @@ def test_wgmma_tm_plan_cuts_whole_tiles_per_sm() -> None:
             kernels.wgmma_tm_plan(M, 19456, 2560, sms=132)
         with pytest.raises(ValueError):  # 60 groups of 8 rows: not a tile for every SM, whatever the split
             kernels.wgmma_tm_plan(M, 480, 2560, sms=132)
+        with pytest.raises(ValueError):  # w2: 38 K blocks per CTA even split in two (slower than stream-K)
+            kernels.wgmma_tm_plan(M, 2560, 9728, sms=132)
+        assert kernels.wgmma_tm_plan(M, 2560, 9728, sms=132, split=2).iters == 38  # forced: allowed
     for M in (16, 65, 128):
         with pytest.raises(ValueError):
             kernels.wgmma_tm_plan(M, 6144, 2560, sms=132)

@@ -96,6 +96,10 @@ _TM_TOKEN_BYTES = 8192  # a token stage: the MMA's 64 rows x 128
 # probe hung on a three-stage ring). Four token stages per warpgroup: with two, each K block waited a token round trip.
 _TM_TOKEN_STAGES = 8
 _TM_MAX_STAGES = 8
+# Auto plans only for layers of at most this many K blocks per CTA: measured on the H200 (session 12, one CTA per
+# SM, PDL chain), wqkv (20 per CTA) and wo (16) ran faster than stream-K (64 tokens: 9.4 -> 7.4, 7.9 -> 6.8 us) and
+# w2 (38) slower (12.5 -> 14.1).
+_TM_MAX_ITERS = 24
 _TM_INSTANCES = tuple(f"fp8_gemm_wgmma_tm<{nt},{wn},{s}>" for nt in _TM_NT for wn in _TM_WN for s in (1, 2))
 
 
@@ -258,10 +262,11 @@ def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, s
     """The token-major kernel's plan for 17-64 tokens: one CTA per SM (the kernel says why), as T = sms / S tiles of
     whole 8-row groups over all of K (S = 1) or in cluster pairs over half of it each (S = 2, K/128 even): the S with
     the fewer weight bytes on the busiest CTA (ties: no split), its widest tile rounded up to a compiled width
-    (_TM_WN); only splits whose tiles fill every SM (`split` forces S and skips that check: tests, probes; `sms`
-    below the GPU's gives fewer, wider tiles). _TM_TOKEN_STAGES token stages (`tstages` replaces it)
-    and as many weight stages as the rest of half an SM's shared memory holds, up to _TM_MAX_STAGES (`stages` lowers
-    them); both even, at least two. Raises ValueError where nothing qualifies: the caller plans another kernel."""
+    (_TM_WN); only splits whose tiles fill every SM, and at most _TM_MAX_ITERS K blocks per CTA (`split` forces S and
+    skips both checks: tests, probes; `sms` below the GPU's gives fewer, wider tiles). _TM_TOKEN_STAGES token stages
+    (`tstages` replaces it) and as many weight stages as the rest of half an SM's shared memory holds, up to
+    _TM_MAX_STAGES (`stages` lowers them); both even, at least two. Raises ValueError where nothing qualifies: the
+    caller plans another kernel."""
     if not _H_NT[0] // 2 < M <= _TM_NT[-1] or N % 8 or K % 128:
         raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}")
     nt = next(n for n in _TM_NT if n >= M)
@@ -278,6 +283,8 @@ def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, s
     if not options:
         raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}")
     _, s, w, T = min(options)
+    if split is None and KB // s > _TM_MAX_ITERS:
+        raise ValueError(f"token-major tiles for {M}x{N}x{K} would stream {KB // s} K blocks each")
     iters = KB // s
     ts = _TM_TOKEN_STAGES if tstages is None else tstages
     ts -= ts % 2
