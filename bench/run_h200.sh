@@ -2,7 +2,7 @@
 # How the GPU numbers in bench/results and latency_reports were produced (one H200, no internet).
 # Usage on the GPU machine, from the repository root:
 #   bench/run_h200.sh OUT_DIR [tests] [kernels] [layer] [sched] [fp8] [profile] [prefill] [pkernels] [codec] [pgraphs]
-#                     [ttfa]
+#                     [ttfa] [tm]
 # (SCHED_CONC=1,16,64 picks the scheduler concurrencies, KERNEL_ARGS extra kernel-bench flags; RTTS_CODEC_GRAPHS=0 /
 # RTTS_PREFILL_GRAPHS=0 serve the ttfa step without codec / turn-prefill CUDA graphs, TTFA_NAME names its report,
 # TTFA_CONC / TTFA_MAX_RUNNING / TTFA_PREFILL_ROWS its concurrencies, server slots and prompts per prefill batch,
@@ -19,6 +19,12 @@ for step in "$@"; do
   case $step in
     tests) timeout 360 python3 -m pytest -q -m gpu tests/test_kernels.py tests/test_layer_kernels.py tests/test_dequant.py tests/test_gpu.py tests/test_quant.py \
              -p no:cacheprovider --tb=short 2>&1 | tail -25 ;;
+    tm) timeout 150 python3 -m pytest -q -m gpu tests/test_kernels.py -k "token_major or pdl_chain or rounds_like" \
+          -p no:cacheprovider --tb=short 2>&1 | tail -6  # the token-major GEMM experiment (RTTS_GEMM_TM=1): tests,
+        for v in 0 1; do                               # then the kernel bench without and with it
+          RTTS_GEMM_TM=$v timeout 100 python3 -m rtts.bench kernels --sections gemm,mlp --m 17,32,64 --out "$OUT/tm$v" \
+            2>&1 | grep "^|"
+        done ;;
     kernels) timeout 300 python3 -m rtts.bench kernels --out "$OUT" ${KERNEL_ARGS:-} 2>&1 | tail -40 ;;
     sched) timeout 200 python3 -m rtts.bench scheduler --preset s2-pro --concurrency ${SCHED_CONC:-1,4,16,64} --codec none \
              --seconds 5 --warmup 1.5 --out "$OUT" 2>&1 | grep -v "^Point" | tail -8 ;;

@@ -380,14 +380,15 @@ def test_fp8_gemm_mma_sync_kernel(M: int, N: int, K: int) -> None:
 
 
 @GPU
-@pytest.mark.parametrize("M", [1, 16, 32, 64])
-def test_fp8_gemm_rounds_like_fp32_accumulation(M: int) -> None:
+@pytest.mark.parametrize("M,tm", [(1, False), (16, False), (32, False), (64, False), (32, True), (64, True)])
+def test_fp8_gemm_rounds_like_fp32_accumulation(monkeypatch: pytest.MonkeyPatch, M: int, tm: bool) -> None:
     """Decode-size GEMMs stay close to an FP32-accumulated product rounded to bf16 (0.25 ulp mean error). FP8 wgmma
     accumulates with reduced precision even inside one instruction, so this is a bound, not exactness: on the H200
     this case measured 0.30 / 0.33 / < 0.32 ulp at M = 1 / 16 / 32 with four accumulators per K block (one
     accumulator measured 0.32-0.43 on S2-Pro shapes and flipped a greedy token in the FP8 gate, which is the
     stronger guard: tests/test_quant.py::test_gate_on_gpu_kernels). 32 and 64 tokens run the 64-row kernel with
-    two accumulators per K block."""
+    two accumulators per K block, or (tm, RTTS_GEMM_TM=1) the token-major kernel, also with two."""
+    monkeypatch.setenv("RTTS_GEMM_TM", "1" if tm else "0")
     N, K = 2560, 4096
     x, w = _x(M, K, seed=3, device="cuda"), _x(N, K, scale=0.05, seed=4, device="cuda")
     wq, sw = ref.quantize_weight(w)
