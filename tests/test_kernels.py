@@ -300,6 +300,9 @@ def test_wgmma_tm_plan_cuts_whole_tiles_per_sm() -> None:
         with pytest.raises(ValueError):  # w2: 38 K blocks per CTA even split in two (slower than stream-K)
             kernels.wgmma_tm_plan(M, 2560, 9728, sms=132)
         assert kernels.wgmma_tm_plan(M, 2560, 9728, sms=132, split=2).iters == 38  # forced: allowed
+        # 32 K blocks: whole-K tiles would stream too many, so the (equally cheap) split in two is the plan
+        p = kernels.wgmma_tm_plan(M, 2048, 4096, sms=132)
+        assert (p.cluster, p.iters) == (2, 16)
     for M in (16, 65, 128):
         with pytest.raises(ValueError):
             kernels.wgmma_tm_plan(M, 6144, 2560, sms=132)

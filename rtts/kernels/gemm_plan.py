@@ -274,7 +274,7 @@ def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, s
     options = []
     for s in (1, 2) if split is None else (split,):
         T = min(G, sms // s)
-        if s not in (1, 2) or KB % s or T < 1 or (split is None and T < sms // s):
+        if s not in (1, 2) or KB % s or T < 1 or (split is None and (T < sms // s or KB // s > _TM_MAX_ITERS)):
             continue
         need = 8 * -(-G // T)  # the widest tile's rows
         w = next((w for w in _TM_WN if w >= need), None)
@@ -283,8 +283,6 @@ def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, s
     if not options:
         raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}")
     _, s, w, T = min(options)
-    if split is None and KB // s > _TM_MAX_ITERS:
-        raise ValueError(f"token-major tiles for {M}x{N}x{K} would stream {KB // s} K blocks each")
     iters = KB // s
     ts = _TM_TOKEN_STAGES if tstages is None else tstages
     ts -= ts % 2
