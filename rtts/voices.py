@@ -2,11 +2,14 @@
 
 A voice is a transcript plus codec codes [num_codebooks, frames]; audio is encoded once (when added, or the first
 time an inline reference is seen) and never again. Stored voices live in `<voices_dir>/<id>/` as `codes.npy`,
-`text.txt` and `meta.json`; the original audio is kept beside them as `audio.bin` for re-encoding with another codec.
+`text.txt` and `meta.json` (creation time, and the SDK's voice metadata: title, description, tags, visibility, last
+update); the original audio is kept beside them as `audio.bin` (`audio.<i>.bin` per sample of a voice added from
+several clips) for re-encoding with another codec.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -28,15 +31,41 @@ class VoiceError(ValueError):
     """A bad voice id, an unknown voice, or reference audio that cannot be used."""
 
 
+VISIBILITIES = ("public", "unlist", "private")
+
+
+@dataclass(frozen=True)
+class VoiceMeta:
+    """What the SDK's voice management (`/model`) shows and edits; the voice's sound does not depend on it."""
+
+    title: str = ""
+    description: str = ""
+    tags: tuple[str, ...] = ()
+    visibility: str = "private"
+
+    def checked(self) -> VoiceMeta:
+        if self.visibility not in VISIBILITIES:
+            raise VoiceError(f"visibility must be one of {', '.join(VISIBILITIES)}, got {self.visibility!r}")
+        return self
+
+
 @dataclass(frozen=True)
 class Voice:
     id: str
     text: str
     codes: np.ndarray  # [num_codebooks, frames] int64
     created: float = 0.0
+    meta: VoiceMeta = VoiceMeta()
+    updated: float = 0.0  # the last metadata change (created, until one)
 
     def info(self) -> dict[str, object]:
         return {"id": self.id, "text": self.text, "frames": int(self.codes.shape[1]), "created": self.created}
+
+    def _meta_json(self) -> str:
+        m = self.meta
+        return json.dumps({"created": self.created, "frames": int(self.codes.shape[1]), "title": m.title,
+                           "description": m.description, "tags": list(m.tags), "visibility": m.visibility,
+                           "updated": self.updated})
 
 
 Encoder = Callable[[bytes], np.ndarray]  # audio file bytes -> codes [num_codebooks, frames]
@@ -70,17 +99,32 @@ class VoiceStore:
             try:
                 meta = json.loads((d / "meta.json").read_text())
                 codes = np.load(d / "codes.npy", allow_pickle=False)
-                self._voices[d.name] = Voice(d.name, (d / "text.txt").read_text(), codes, float(meta.get("created", 0)))
-            except (OSError, ValueError):
+                created = float(meta.get("created", 0))
+                vm = VoiceMeta(str(meta.get("title", "")), str(meta.get("description", "")),
+                               tuple(str(t) for t in meta.get("tags", [])), str(meta.get("visibility", "private")))
+                self._voices[d.name] = Voice(d.name, (d / "text.txt").read_text(), codes, created, vm,
+                                             float(meta.get("updated", created)))
+            except (OSError, ValueError, TypeError):
                 continue  # a half-written voice from a crash: skip it rather than refuse to start
 
-    def add(self, voice_id: str, audio: bytes, text: str) -> Voice:
+    def add(self, voice_id: str, audio: bytes, text: str, meta: VoiceMeta = VoiceMeta()) -> Voice:
+        return self.add_samples(voice_id, [(audio, text)], meta)
+
+    def add_samples(self, voice_id: str, samples: list[tuple[bytes, str]], meta: VoiceMeta = VoiceMeta()) -> Voice:
+        """A voice from one or more (audio, transcript) clips of one speaker: their codes and transcripts joined in
+        order, as if the clips had been one recording."""
         if not VOICE_ID.fullmatch(voice_id):
             raise VoiceError(f"invalid voice id {voice_id!r}: use 1-128 letters, digits, '_', '-', '.'")
-        if not text.strip():
+        if not samples:
+            raise VoiceError("no reference audio")
+        if any(not text.strip() for _, text in samples):
             raise VoiceError("the reference text (transcript of the audio) is empty")
-        codes = self.encode(audio)
-        voice = Voice(voice_id, text, codes, time.time())
+        meta = meta.checked()
+        parts = [self.encode(audio) for audio, _ in samples]
+        codes = parts[0] if len(parts) == 1 else np.ascontiguousarray(np.concatenate(parts, axis=1))
+        text = " ".join(t.strip() for _, t in samples) if len(samples) > 1 else samples[0][1]
+        now = time.time()
+        voice = Voice(voice_id, text, codes, now, meta, now)
         if self.root is None:
             with self._lock:
                 self._voices[voice_id] = voice
@@ -91,8 +135,9 @@ class VoiceStore:
         try:
             np.save(tmp / "codes.npy", codes)
             (tmp / "text.txt").write_text(text)
-            (tmp / "audio.bin").write_bytes(audio)
-            (tmp / "meta.json").write_text(json.dumps({"created": voice.created, "frames": int(codes.shape[1])}))
+            for i, (audio, _) in enumerate(samples):
+                (tmp / ("audio.bin" if len(samples) == 1 else f"audio.{i}.bin")).write_bytes(audio)
+            (tmp / "meta.json").write_text(voice._meta_json())
             with self._lock:
                 final = self.root / voice_id
                 shutil.rmtree(final, ignore_errors=True)
@@ -107,6 +152,25 @@ class VoiceStore:
             voice = self._voices.get(voice_id)
         if voice is None:
             raise VoiceError(f"unknown reference_id {voice_id!r}")
+        return voice
+
+    def update(self, voice_id: str, title: str | None = None, description: str | None = None,
+               tags: tuple[str, ...] | None = None, visibility: str | None = None) -> Voice:
+        """Change a stored voice's metadata (None: keep); the codes stay, and so does `created` (the key under which
+        sessions cache the voice's prefill: a metadata edit does not change the sound)."""
+        with self._lock:
+            old = self._voices.get(voice_id)
+            if old is None:
+                raise VoiceError(f"unknown reference_id {voice_id!r}")
+            m = old.meta
+            meta = VoiceMeta(m.title if title is None else title, m.description if description is None else description,
+                             m.tags if tags is None else tags, m.visibility if visibility is None else visibility)
+            voice = dataclasses.replace(old, meta=meta.checked(), updated=time.time())
+            if self.root is not None:
+                tmp = self.root / voice_id / ".meta.json.tmp"
+                tmp.write_text(voice._meta_json())
+                tmp.replace(self.root / voice_id / "meta.json")  # atomic: a crash leaves the old or the new
+            self._voices[voice_id] = voice
         return voice
 
     def list(self) -> list[Voice]:

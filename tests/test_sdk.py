@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from fishaudio import AsyncFishAudio, FishAudio, FlushEvent, ReferenceAudio, TTSConfig
-from fishaudio.exceptions import WebSocketError
+from fishaudio.exceptions import APIError, NotFoundError, WebSocketError
 from liveserver import LiveServer, ShortLegacyRequest, decode_audio, free_port, reference_wav, short_legacy_websocket
 
 from rtts.ws.runtime import ServerConfig
@@ -233,3 +233,49 @@ def test_reference_id_lifecycle(srv: LiveServer, client: FishAudio, ref_wav: byt
     # The deleted (now unknown) voice: finish/error, which the SDK raises.
     with pytest.raises(WebSocketError):
         list(client.tts.stream_websocket(iter(["Nobody. "]), reference_id="voice-1", format="pcm"))
+
+
+def test_sdk_voice_management(srv: LiveServer, client: FishAudio, ref_wav: bytes) -> None:
+    """client.voices (GET/POST /model, GET/PATCH/DELETE /model/{id}) over the server's voice store: a voice cloned
+    from two clips is listed, filtered, read, used as reference_id, edited and deleted; a clip without its
+    transcript is refused (no speech recognition here); voices added through /v1/references/add are listed too."""
+    voice = client.voices.create(title="Narrator", voices=[ref_wav, ref_wav],
+                                 texts=["The quick brown fox.", "Jumps over the lazy dog."],
+                                 description="Two clips", tags=["en", "calm"])
+    assert len(voice.id) == 32 and voice.title == "Narrator" and voice.state == "trained"
+    assert voice.tags == ["en", "calm"] and voice.visibility == "private" and voice.description == "Two clips"
+    assert client.voices.get(voice.id).title == "Narrator"
+
+    def ids(**filters: Any) -> list[str]:
+        return [v.id for v in client.voices.list(page_size=100, **filters).items]
+
+    assert voice.id in ids() and voice.id in ids(tags=["calm"]) and voice.id in ids(title="narr")
+    assert voice.id not in ids(tags=["calm", "fr"]) and voice.id not in ids(title="zzz")
+    check_audio(client.tts.convert(text="Cloned by the SDK.", reference_id=voice.id, config=SHORT), "mp3", 44100)
+
+    client.voices.update(voice.id, title="Narrator 2", visibility="unlist")
+    edited = client.voices.get(voice.id)
+    assert (edited.title, edited.visibility, edited.tags) == ("Narrator 2", "unlist", ["en", "calm"])
+    assert edited.updated_at >= edited.created_at
+
+    with httpx.Client(base_url=srv.http, timeout=30) as h:
+        r = h.post("/v1/references/add", data={"id": "listed-too", "text": "The quick brown fox."},
+                   files={"audio": ("ref.wav", ref_wav, "audio/wav")})
+        assert r.status_code == 200, r.text
+    assert "listed-too" in ids() and client.voices.get("listed-too").title == "listed-too"
+    page = client.voices.list(page_size=1, page_number=2)
+    assert page.total >= 2 and len(page.items) == 1
+
+    with pytest.raises(APIError) as bad:
+        client.voices.create(title="No transcript", voices=[ref_wav])
+    assert bad.value.status == 422 and "transcribe" in bad.value.message
+    with pytest.raises(APIError) as bad:
+        client.voices.update(voice.id, visibility="everyone")  # type: ignore[arg-type]
+    assert bad.value.status == 422
+
+    client.voices.delete(voice.id)
+    client.voices.delete("listed-too")
+    with pytest.raises(NotFoundError):
+        client.voices.get(voice.id)
+    with pytest.raises(NotFoundError):
+        client.voices.delete(voice.id)

@@ -815,6 +815,45 @@ def test_references_http_errors(srv: LiveServer) -> None:
         assert r.status_code == 400 and "id" in r.json()["message"]
 
 
+def test_model_routes_refuse_bad_requests_cleanly(srv: LiveServer, ref_wav: bytes) -> None:
+    """/model (the SDK's voice management) beyond the SDK's own calls: msgpack bodies carry the voice files as bytes,
+    JSON cannot (a clear 422); bad paging, unknown ids, oversized files and malformed bodies get their JSON error and
+    store nothing."""
+    with httpx.Client(base_url=srv.http, timeout=30) as h:
+        before = h.get("/model", params={"page_size": 100}).json()["total"]
+        body = ormsgpack.packb({"title": "Packed", "type": "tts", "train_mode": "fast", "voices": [ref_wav],
+                                "texts": ["The quick brown fox."], "tags": "single", "visibility": "public"})
+        r = h.post("/model", content=body, headers={"content-type": "application/msgpack"})
+        assert r.status_code == 201, r.text
+        made = r.json()
+        assert made["title"] == "Packed" and made["tags"] == ["single"] and made["visibility"] == "public"
+        refused = [
+            (h.post("/model", json={"title": "J", "voices": ["UklGRg=="], "texts": ["x"]}), 422, "file"),
+            (h.post("/model", content=b"\xc1", headers={"content-type": "application/msgpack"}), 400, "body"),
+            (h.post("/model", json=[1, 2]), 422, "map"),
+            (h.post("/model", files={"voices": ("a.wav", ref_wav)}, data={"texts": "x"}), 422, "title"),
+            (h.post("/model", files={"voices": ("a.wav", ref_wav)}, data={"title": "T", "type": "svc", "texts": "x"}),
+             422, "tts"),
+            (h.post("/model", files={"voices": ("a.wav", b"not audio")}, data={"title": "T", "texts": "x"}), 422, ""),
+            (h.post("/model", files={"voices": ("a.wav", b"\0" * (srv.rt.config.limits.max_reference_bytes + 1))},
+                    data={"title": "T", "texts": "x"}), 413, "bytes"),
+            (h.get("/model", params={"page_size": 0}), 422, "page_size"),
+            (h.get("/model", params={"page_number": "two"}), 422, "integers"),
+            (h.get("/model/nobody"), 404, "nobody"),
+            (h.patch("/model/nobody", data={"title": "x"}), 404, "nobody"),
+            (h.patch(f"/model/{made['_id']}", data={"visibility": "everyone"}), 422, "visibility"),
+            (h.delete("/model/nobody"), 404, "nobody"),
+        ]
+        for r, status, words in refused:
+            assert r.status_code == status, (r.request.method, r.request.url, r.text)
+            assert r.json()["status"] == status and words in r.json()["message"], r.text
+        assert h.get("/model", params={"page_size": 100}).json()["total"] == before + 1  # only the good one
+        r = h.patch(f"/model/{made['_id']}", json={"description": "Edited", "tags": ["a", "b"]})
+        assert r.status_code == 200 and r.json()["description"] == "Edited" and r.json()["tags"] == ["a", "b"]
+        assert r.json()["title"] == "Packed"  # fields not sent stay
+        assert h.delete(f"/model/{made['_id']}").status_code == 200
+
+
 # ------------------------------------------------------------------------------------------------------------ auth
 
 
@@ -842,7 +881,8 @@ def test_auth(auth_srv: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
     # HTTP routes: 401 JSON.
     with httpx.Client(base_url=auth_srv.http, timeout=30) as h:
         for method, path in (("POST", "/v1/tts"), ("GET", "/v1/references/list"), ("POST", "/v1/references/add"),
-                             ("DELETE", "/v1/references/delete")):
+                             ("DELETE", "/v1/references/delete"), ("GET", "/model"), ("POST", "/model"),
+                             ("GET", "/model/x"), ("PATCH", "/model/x"), ("DELETE", "/model/x")):
             for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "secret"},
                             {"authorization": "secret Bearer"}):
                 r = h.request(method, path, json={"text": "hi"}, headers=headers)

@@ -82,3 +82,41 @@ def test_a_crashed_add_is_not_loaded_as_a_voice(tmp_path: Path) -> None:
     again = VoiceStore(tmp_path, fake_encoder)
     assert [v.id for v in again.list()] == ["kept"]
     assert not left.exists()
+
+
+def test_voice_from_several_clips_joins_them_in_order(tmp_path: Path) -> None:
+    """One voice from several clips: their codes and transcripts in the given order, each clip kept on disk."""
+    codes = {b"a": np.full((10, 3), 1, np.int64), b"bb": np.full((10, 5), 2, np.int64)}
+    store = VoiceStore(tmp_path, lambda audio: codes[audio])
+    v = store.add_samples("two", [(b"a", "First clip."), (b"bb", " Second clip. ")])
+    assert v.text == "First clip. Second clip." and v.codes.shape == (10, 8)
+    assert (v.codes[:, :3] == 1).all() and (v.codes[:, 3:] == 2).all()
+    assert sorted(p.name for p in (tmp_path / "two").glob("audio*")) == ["audio.0.bin", "audio.1.bin"]
+    again = VoiceStore(tmp_path, fake_encoder).get("two")
+    assert again.text == v.text and np.array_equal(again.codes, v.codes)
+    with pytest.raises(VoiceError, match="empty"):
+        store.add_samples("bad", [(b"a", "ok"), (b"bb", "  ")])
+    with pytest.raises(VoiceError, match="no reference audio"):
+        store.add_samples("none", [])
+
+
+def test_voice_metadata_updates_persist_and_keep_the_sound(tmp_path: Path) -> None:
+    """Title, description, tags and visibility are stored with the voice, survive a restart, and an update changes
+    only them (not the codes, not `created`, which keys the sessions' prefill cache)."""
+    from rtts.voices import VoiceMeta
+
+    store = VoiceStore(tmp_path, fake_encoder)
+    v = store.add("m", b"abc", "Text.", VoiceMeta("Title", "About it.", ("en", "calm"), "unlist"))
+    u = store.update("m", title="New title", tags=("en",))
+    assert (u.meta.title, u.meta.description, u.meta.tags, u.meta.visibility) == ("New title", "About it.", ("en",),
+                                                                                  "unlist")
+    assert u.created == v.created and u.updated >= v.created and np.array_equal(u.codes, v.codes)
+    loaded = VoiceStore(tmp_path, fake_encoder).get("m")
+    assert loaded.meta == u.meta and loaded.created == v.created and loaded.updated == u.updated
+    with pytest.raises(VoiceError, match="visibility"):
+        store.update("m", visibility="everyone")
+    assert store.get("m").meta == u.meta  # a refused update changes nothing
+    with pytest.raises(VoiceError, match="unknown"):
+        store.update("nobody", title="x")
+    with pytest.raises(VoiceError, match="visibility"):
+        store.add("v2", b"abc", "Text.", VoiceMeta(visibility="secret"))

@@ -14,7 +14,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
-from rtts.ws import http
+from rtts.ws import http, models_api
 from rtts.ws.live import Connection
 from rtts.ws.protocol import error_json
 from rtts.ws.runtime import Runtime
@@ -95,6 +95,12 @@ def create_app(rt: Runtime) -> Starlette:
         Route("/v1/references/add", http.references_add, methods=["POST"]),
         Route("/v1/references/list", http.references_list, methods=["GET", "POST"]),
         Route("/v1/references/delete", http.references_delete, methods=["DELETE", "POST"]),
+        # the SDK's voice management (client.voices), over the same store
+        Route("/model", models_api.list_models, methods=["GET"]),
+        Route("/model", models_api.create_model, methods=["POST"]),
+        Route("/model/{model_id}", models_api.get_model, methods=["GET"]),
+        Route("/model/{model_id}", models_api.update_model, methods=["PATCH"]),
+        Route("/model/{model_id}", models_api.delete_model, methods=["DELETE"]),
         Route("/v1/health", http.health, methods=["GET", "POST"]),
         Route("/metrics", http.metrics, methods=["GET"]),
         Route("/v1/info", info, methods=["GET"]),

@@ -1,4 +1,4 @@
-"""HTTP routes: `POST /v1/tts` (chunked audio), `/v1/references/*`, `/v1/health`, `/metrics`.
+"""HTTP routes: `POST /v1/tts` (chunked audio), `/v1/references/*`, `/v1/health`, `/metrics` (`/model`: models_api).
 
 Errors are JSON `{status, message}` with a 4xx/5xx status; once audio has started streaming, a failure can only end
 the response early (the status line is already sent), which the log records.
@@ -37,7 +37,7 @@ class BodyTooLarge(Exception):
     pass
 
 
-def _check_declared_length(request: Request, limit: int) -> None:
+def check_declared_length(request: Request, limit: int) -> None:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge
@@ -46,7 +46,7 @@ def _check_declared_length(request: Request, limit: int) -> None:
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refused (BodyTooLarge) as soon as it passes `limit` bytes: by its Content-Length before
     reading anything, else while it streams in. Never the whole of an oversized body in memory."""
-    _check_declared_length(request, limit)
+    check_declared_length(request, limit)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -146,7 +146,7 @@ async def tts(request: Request) -> Response:
 async def _read_reference_form(request: Request, limit: int) -> tuple[str, bytes, str]:
     ctype = request.headers.get("content-type", "")
     if ctype.startswith("multipart/form-data"):
-        _check_declared_length(request, limit)
+        check_declared_length(request, limit)
         form = await request.form()
         field = form.get("audio")
         if isinstance(field, UploadFile):
