@@ -127,6 +127,8 @@ def test_metrics(srv: LiveServer, ws: ClientConnection) -> None:
     assert float(count.split()[-1]) >= 1
     frames = next(line for line in text.splitlines() if line.startswith("rtts_frames_generated_total"))
     assert float(frames.split()[-1]) >= 1
+    steps = next(line for line in text.splitlines() if line.startswith("rtts_decode_steps_total"))
+    assert float(steps.split()[-1]) >= 1 and "# TYPE rtts_decode_steps_total counter" in text
     import gc
 
     gc.collect()  # a full pass: the server times every collection of its process

@@ -7,6 +7,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from rtts.session import SessionMetrics
 
@@ -15,6 +17,17 @@ if TYPE_CHECKING:
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 _GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class _LiveCounter(Collector):
+    """A counter whose value another thread owns (read at scrape time, like the gauges' set_function): exported with
+    the counter type and `_total` name, so rate() works on it."""
+
+    def __init__(self, name: str, doc: str, read: Any) -> None:
+        self.name, self.doc, self.read = name, doc, read
+
+    def collect(self) -> Any:
+        yield CounterMetricFamily(self.name, self.doc, value=float(self.read()))
 
 
 class Metrics:
@@ -38,8 +51,7 @@ class Metrics:
         self.chunk_gap = Histogram("rtts_chunk_gap_seconds", "Time between consecutive audio messages of a turn",
                                    buckets=_LATENCY_BUCKETS, registry=r)
         self.frames = Counter("rtts_frames_generated", "Codec frames of audio generated (46.4 ms each)", registry=r)
-        self.decode_steps = Gauge("rtts_decode_steps", "Decode steps run since start", registry=r)
-        self.decode_steps.set_function(lambda: sch.decode.stats.steps)
+        r.register(_LiveCounter("rtts_decode_steps", "Decode steps run since start", lambda: sch.decode.stats.steps))
         self.errors = Counter("rtts_session_errors", "Sessions that ended with finish/error", registry=r)
         # A collection holds the GIL: every serving thread and the event loop wait for it (see rtts.startup).
         self.gc_pause = Histogram("rtts_gc_pause_seconds", "Garbage-collector passes, by generation (2: full)",
