@@ -753,7 +753,9 @@ def test_http_tts_msgpack_and_json(srv: LiveServer, ref_wav: bytes) -> None:
             assert r.headers.get("transfer-encoding") == "chunked"
             chunks = [c for c in r.iter_raw() if c]
         via_msgpack = b"".join(chunks)
-        assert len(chunks) > 1 and len(via_msgpack) % 2 == 0
+        # Streamed as a chunked body (above); how many reads the client needed depends on its timing (one, under
+        # CPU load), so the check is on the audio: whole samples, more than the 2 frames of the first chunk.
+        assert len(via_msgpack) % 2 == 0 and len(via_msgpack) > 2 * 2048 * 2
 
         r = h.post("/v1/tts", json=req)
         assert r.status_code == 200 and r.content == via_msgpack  # greedy: the same audio both ways
