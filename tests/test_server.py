@@ -55,6 +55,7 @@ from rtts.ws.runtime import ServerConfig
 MAX_TEXT = 2000
 MAX_SESSION_TEXT = 5000
 MAX_MESSAGE = 1 << 20
+MAX_REFERENCE = 1 << 20  # bytes of one reference clip (the golden one is far smaller): body limits hit cheaply
 MAX_REF_SECONDS = 3.0
 REF_TEXT = "The quick brown fox jumps over the lazy dog."
 LONG_TEXT = " ".join(f"Sentence number {i} keeps the model busy for a while." for i in range(12))
@@ -71,7 +72,8 @@ def srv(golden: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live
     """Open server (no API keys) with lowered limits, so every limit can be hit cheaply."""
     s = LiveServer(tiny_config(
         golden, tmp_path_factory.mktemp("voices"), max_reference_seconds=MAX_REF_SECONDS,
-        limits=Limits(max_text_chars=MAX_TEXT, max_session_text_chars=MAX_SESSION_TEXT, max_message_bytes=MAX_MESSAGE),
+        limits=Limits(max_text_chars=MAX_TEXT, max_session_text_chars=MAX_SESSION_TEXT, max_message_bytes=MAX_MESSAGE,
+                      max_reference_bytes=MAX_REFERENCE),
     ))
     yield s
     s.stop()
@@ -853,9 +855,42 @@ def test_model_routes_refuse_bad_requests_cleanly(srv: LiveServer, ref_wav: byte
             assert r.json()["status"] == status and words in r.json()["message"], r.text
         assert h.get("/model", params={"page_size": 100}).json()["total"] == before + 1  # only the good one
         r = h.patch(f"/model/{made['_id']}", json={"description": "Edited", "tags": ["a", "b"]})
-        assert r.status_code == 200 and r.json()["description"] == "Edited" and r.json()["tags"] == ["a", "b"]
-        assert r.json()["title"] == "Packed"  # fields not sent stay
+        assert r.status_code == 200 and r.json() == {"status": 200, "message": "ok"}
+        got = h.get(f"/model/{made['_id']}").json()
+        assert (got["description"], got["tags"], got["title"]) == ("Edited", ["a", "b"], "Packed")  # title kept
+        assert h.patch(f"/model/{made['_id']}", json={"tags": []}).status_code == 200  # an empty list clears them
+        assert h.get(f"/model/{made['_id']}").json()["tags"] == []
+        r = h.patch(f"/model/{made['_id']}", json={"title": "  "})
+        assert r.status_code == 422 and "blank" in r.json()["message"]
+        assert len(h.get("/model", params={"page_size": 500}).json()["items"]) <= 100  # served, capped
         assert h.delete(f"/model/{made['_id']}").status_code == 200
+
+
+def test_form_and_body_limits_hold_for_chunked_and_nested_bodies(srv: LiveServer, ref_wav: bytes) -> None:
+    """A form body without Content-Length (chunked) is cut off at the route's limit while it streams in, not parsed
+    whole first (Starlette's parser alone takes any size, spooling files to disk); deeply nested JSON is a 400, not
+    a 500; both for /model and /v1/references/add."""
+    limits = srv.rt.config.limits
+    with httpx.Client(base_url=srv.http, timeout=60) as h:
+        before = h.get("/model", params={"page_size": 100}).json()["total"]
+        big = b"\0" * limits.max_reference_bytes
+        for path, files, data in (
+            ("/model", [("voices", ("a.wav", big))] * (limits.max_references + 3), {"title": "T"}),
+            ("/v1/references/add", [("audio", ("a.wav", big + big + big))], {"id": "chunky", "text": "x"}),
+        ):
+            built = h.build_request("POST", path, files=files, data=data)
+
+            def body(raw: bytes = built.read()) -> Iterator[bytes]:
+                for i in range(0, len(raw), 1 << 18):
+                    yield raw[i:i + (1 << 18)]
+
+            r = h.post(path, content=body(), headers={"content-type": built.headers["content-type"]})
+            assert r.status_code == 413 and r.json()["status"] == 413, (path, r.text)
+        for path in ("/model", "/v1/references/add", f"/model/{'x' * 8}"):
+            method = "PATCH" if path.startswith("/model/") else "POST"
+            r = h.request(method, path, content=b"[" * 100_000, headers={"content-type": "application/json"})
+            assert r.status_code == 400 and r.json()["status"] == 400, (path, r.text)
+        assert h.get("/model", params={"page_size": 100}).json()["total"] == before  # nothing stored
 
 
 # ------------------------------------------------------------------------------------------------------------ auth

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import ormsgpack
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -37,7 +37,7 @@ class BodyTooLarge(Exception):
     pass
 
 
-def check_declared_length(request: Request, limit: int) -> None:
+def _check_declared_length(request: Request, limit: int) -> None:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge
@@ -46,7 +46,7 @@ def check_declared_length(request: Request, limit: int) -> None:
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refused (BodyTooLarge) as soon as it passes `limit` bytes: by its Content-Length before
     reading anything, else while it streams in. Never the whole of an oversized body in memory."""
-    check_declared_length(request, limit)
+    _check_declared_length(request, limit)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -54,6 +54,31 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise BodyTooLarge
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def read_form(request: Request, limit: int, max_files: int = 8, max_fields: int = 64) -> FormData:
+    """A multipart or urlencoded form, its body bounded like read_body's first (Starlette's parser alone would take
+    a chunked body of any size, spooling file parts to disk), then parsed from memory with at most `max_files` files
+    and `max_fields` other fields."""
+    body = await read_body(request, limit)
+    sent = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return await Request(request.scope, replay).form(max_files=max_files, max_fields=max_fields)
+
+
+def decode_map(body: bytes, ctype: str) -> Any:
+    """A msgpack or JSON body (by content type), ProtocolError when it does not decode (deep nesting included)."""
+    try:
+        return ormsgpack.unpackb(body) if "msgpack" in ctype else json.loads(body or b"{}")
+    except (ValueError, RecursionError) as e:  # JSON, msgpack and UTF-8 errors are ValueErrors
+        raise ProtocolError(f"body does not decode: {str(e)[:200]}") from None
 
 
 def _text_field(obj: dict[str, Any], key: str) -> str:
@@ -146,16 +171,14 @@ async def tts(request: Request) -> Response:
 async def _read_reference_form(request: Request, limit: int) -> tuple[str, bytes, str]:
     ctype = request.headers.get("content-type", "")
     if ctype.startswith("multipart/form-data"):
-        check_declared_length(request, limit)
-        form = await request.form()
+        form = await read_form(request, limit, max_files=1, max_fields=8)
         field = form.get("audio")
         if isinstance(field, UploadFile):
             data = await field.read()
         else:
             data = (field or "").encode()
         return str(form.get("id", "")), data, str(form.get("text", ""))
-    body = await read_body(request, limit)
-    obj = ormsgpack.unpackb(body) if "msgpack" in ctype else json.loads(body or b"{}")
+    obj = decode_map(await read_body(request, limit), ctype)
     if not isinstance(obj, dict):
         raise ProtocolError("body must be a map with id, audio, text")
     audio = obj.get("audio") or b""

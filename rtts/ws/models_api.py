@@ -12,18 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import json
 import uuid
 from typing import Any
 
-import ormsgpack
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from rtts.voices import Voice, VoiceError, VoiceMeta
-from rtts.ws.http import BodyTooLarge, authorized, check_declared_length, json_error, read_body
+from rtts.ws.http import BodyTooLarge, authorized, decode_map, json_error, read_body, read_form
 from rtts.ws.protocol import ProtocolError
 from rtts.ws.runtime import Runtime
 
@@ -50,6 +48,9 @@ class _Fields:
 
     def __init__(self, form: FormData | None = None, obj: dict[str, Any] | None = None) -> None:
         self.form, self.obj = form, obj or {}
+
+    def has(self, key: str) -> bool:
+        return key in self.form if self.form is not None else key in self.obj
 
     def all(self, key: str) -> list[Any]:
         if self.form is not None:
@@ -83,38 +84,38 @@ class _Fields:
         return out
 
 
-async def _fields(request: Request, limit: int) -> _Fields:
+async def _fields(request: Request, limit: int, max_files: int) -> _Fields:
     ctype = request.headers.get("content-type", "")
     if ctype.startswith(("multipart/form-data", "application/x-www-form-urlencoded")):
-        check_declared_length(request, limit)
-        return _Fields(form=await request.form())
-    body = await read_body(request, limit)
-    try:
-        obj = ormsgpack.unpackb(body) if "msgpack" in ctype else json.loads(body or b"{}")
-    except ValueError as e:  # JSON, msgpack and UTF-8 decoding errors are all ValueErrors
-        raise ProtocolError(f"body: {e}") from None
+        return _Fields(form=await read_form(request, limit, max_files=max_files, max_fields=256))
+    obj = decode_map(await read_body(request, limit), ctype)
     if not isinstance(obj, dict):
         raise ProtocolError("the body must be a map of fields", status=422)
     return _Fields(obj=obj)
 
 
-def _meta_fields(f: _Fields, base: VoiceMeta | None) -> dict[str, Any]:
-    """title / description / visibility / tags of a create (base None: defaults) or update (absent: unchanged)."""
-    tags = f.texts("tags")
-    out = {"title": f.text("title"), "description": f.text("description"), "visibility": f.text("visibility"),
-           "tags": tuple(t for t in tags if t) if tags or base is None else None}
-    if base is None:
-        out = {k: getattr(VoiceMeta(), k) if v is None else v for k, v in out.items()}
+def _meta_fields(f: _Fields, create: bool) -> dict[str, Any]:
+    """title / description / visibility / tags of a create (absent: the API's defaults) or an update (absent:
+    unchanged; an empty tag list clears the tags)."""
+    title = f.text("title")
+    if title is not None and not title.strip():
+        raise ProtocolError("title must not be blank", status=422)
+    out: dict[str, Any] = {"title": title, "description": f.text("description"), "visibility": f.text("visibility"),
+                           "tags": tuple(t for t in f.texts("tags") if t) if f.has("tags") else None}
+    if create:
+        defaults: dict[str, Any] = {"title": "", "description": "", "visibility": "public", "tags": ()}  # the API's
+        out = {k: defaults[k] if v is None else v for k, v in out.items()}
     return out
 
 
-async def _guarded(request: Request, limit: int, handler: Any) -> Response:
-    """Auth, then `handler(fields)` with every refusal as the JSON error the rest of the API gives."""
+async def _guarded(request: Request, limit: int, handler: Any, max_files: int = 1) -> Response:
+    """Auth, then `handler(fields)` (the body read within `limit` bytes, `max_files` form files; limit 0: no body)
+    with every refusal as the JSON error the rest of the API gives."""
     rt: Runtime = request.app.state.rt
     if not authorized(rt, request.headers):
         return json_error(401, "invalid or missing API key (Authorization: Bearer <key>)")
     try:
-        return await handler(await _fields(request, limit) if limit else _Fields())
+        return await handler(await _fields(request, limit, max_files) if limit else _Fields())
     except BodyTooLarge:
         return json_error(413, f"request body over {limit} bytes")
     except HTTPException as e:  # Starlette's refusal of a malformed multipart body
@@ -138,7 +139,7 @@ async def create_model(request: Request) -> Response:
             raise ProtocolError("type: only tts models are served here", status=422)
         if (f.text("train_mode") or "fast") not in ("fast", "full"):
             raise ProtocolError("train_mode must be fast or full", status=422)
-        if not (f.text("title") or "").strip():
+        if f.text("title") is None:
             raise ProtocolError("title is required", status=422)
         audios = await f.files("voices", per_file)
         texts = f.texts("texts")
@@ -149,12 +150,13 @@ async def create_model(request: Request) -> Response:
         if len(texts) != len(audios):
             raise ProtocolError(f"texts: one transcript per voice file ({len(audios)}), got {len(texts)}; this "
                                 "server does not transcribe audio", status=422)
-        meta = VoiceMeta(**_meta_fields(f, None))
+        meta = VoiceMeta(**_meta_fields(f, create=True))
         voice = await asyncio.to_thread(rt.voices.add_samples, uuid.uuid4().hex, list(zip(audios, texts)), meta)
         return JSONResponse(model_entity(voice), status_code=201)
 
-    # The voice files (up to max_references of max_reference_bytes) and small fields.
-    return await _guarded(request, lim.max_references * per_file + (1 << 20), handler)
+    # The voice files (up to max_references of max_reference_bytes), a cover image and small fields.
+    return await _guarded(request, (lim.max_references + 1) * per_file + (1 << 20), handler,
+                          max_files=lim.max_references + 1)
 
 
 async def list_models(request: Request) -> Response:
@@ -166,8 +168,9 @@ async def list_models(request: Request) -> Response:
             size, page = int(q.get("page_size", "10")), int(q.get("page_number", "1"))
         except ValueError:
             raise ProtocolError("page_size and page_number must be integers", status=422) from None
-        if not (1 <= size <= MAX_PAGE_SIZE and page >= 1):
-            raise ProtocolError(f"page_size must be 1-{MAX_PAGE_SIZE} and page_number at least 1", status=422)
+        if size < 1 or page < 1:
+            raise ProtocolError("page_size and page_number must be at least 1", status=422)
+        size = min(size, MAX_PAGE_SIZE)  # a larger page is served as the largest (total still counts them all)
         title, tags = q.get("title", "").lower(), set(q.getlist("tag"))
         voices = [v for v in rt.voices.list()
                   if title in (v.meta.title or v.id).lower() and tags <= set(v.meta.tags)]
@@ -191,12 +194,12 @@ async def update_model(request: Request) -> Response:
     rt: Runtime = request.app.state.rt
 
     async def handler(f: _Fields) -> Response:
-        voice_id = request.path_params["model_id"]
-        fields = _meta_fields(f, rt.voices.get(voice_id).meta)
-        voice = await asyncio.to_thread(rt.voices.update, voice_id, **fields)
-        return JSONResponse(model_entity(voice))
+        fields = _meta_fields(f, create=False)
+        await asyncio.to_thread(rt.voices.update, request.path_params["model_id"], **fields)
+        return JSONResponse({"status": 200, "message": "ok"})  # what the API answers (the SDK reads nothing)
 
-    return await _guarded(request, 1 << 20, handler)
+    # Small fields and a cover image (accepted, not kept).
+    return await _guarded(request, rt.config.limits.max_reference_bytes + (1 << 20), handler)
 
 
 async def delete_model(request: Request) -> Response:
