@@ -12,15 +12,17 @@
 # Pass RTTS_COMMIT=<sha> from the machine that sent the tree: the copy on the GPU machine may carry a stale .git.
 set -u
 OUT=${1:?output dir}; shift
+mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   >/dev/null 2>&1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 RTTS_GOLDEN_DIR=${RTTS_GOLDEN_DIR:-$PWD/.golden} RTTS_HOME=/tmp/rh
 for step in "$@"; do
   case $step in
     tests) timeout 360 python3 -m pytest -q -m gpu tests/test_kernels.py tests/test_layer_kernels.py tests/test_dequant.py tests/test_gpu.py tests/test_quant.py \
-             -p no:cacheprovider --tb=short 2>&1 | tail -25 ;;
+             -p no:cacheprovider --tb=short 2>&1 | tee "$OUT/tests.log" | grep -v "driver.pyx\|Exception ignored\|NoneType" \
+             | tail -25 ;;  # the whole log stays under OUT: a device call returns only its output's tail
     tm) timeout 150 python3 -m pytest -q -m gpu tests/test_kernels.py -k "token_major or pdl_chain or rounds_like" \
-          -p no:cacheprovider --tb=short 2>&1 | tail -6  # the token-major GEMM experiment (RTTS_GEMM_TM=1): tests,
+          -p no:cacheprovider --tb=short 2>&1 | tee "$OUT/tm-tests.log" | tail -6  # the token-major GEMM (RTTS_GEMM_TM=1): tests,
         for v in 0 1; do                               # then the kernel bench without and with it
           RTTS_GEMM_TM=$v timeout 100 python3 -m rtts.bench kernels --sections gemm,mlp --m 17,32,64 --out "$OUT/tm$v" \
             2>&1 | grep "^|"
