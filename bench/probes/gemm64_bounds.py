@@ -24,9 +24,8 @@ import torch
 from kernel_patch import gemm_source
 
 from rtts import kernels
-from rtts.bench.kernels import S2_GEMMS, _calls, copies_for, time_graph
+from rtts.bench.kernels import S2_GEMMS, PackedCopies, packed_weights, time_plan
 from rtts.kernels import _jit
-from rtts.kernels import reference as ref
 
 KERNEL = "fp8_gemm_wgmma64.cu"
 ACCS = "    constexpr int ACCS = NT <= 16 ? 4 : (NT <= 64 ? 2 : 1);\n"
@@ -63,21 +62,13 @@ def main() -> None:
     sweep = "--sweep" in sys.argv
     cases = []
     for name, N, K in layers:
-        R = copies_for(N * K)
-        ws = [ref.quantize_weight(torch.randn(N, K, device=dev, dtype=torch.bfloat16) * 0.05) for _ in range(min(R, 8))]
-        packed = [(kernels.pack_weight(q), s) for q, s in ws]
+        R, packed = packed_weights(N, K)
         xs = {M: kernels.quantize_1x128(torch.randn(M, K, device=dev, dtype=torch.bfloat16)) for M in (32, 64)}
         cases.append((name, N, K, R, packed, xs))
     res: dict[str, float] = {}
 
-    def time(key: str, plan: kernels.WgmmaPlan, R: int, packed: list, x: tuple) -> None:
-        xq, sx = x
-
-        def call(i: int) -> torch.Tensor:
-            wp, sw = packed[i % len(packed)]
-            return kernels.launch_wgmma(plan, xq, sx, wp, sw)
-
-        us = 1e6 * time_graph(_calls(call, R))
+    def time(key: str, plan: kernels.WgmmaPlan, R: int, packed: PackedCopies, x: tuple) -> None:
+        us = time_plan(plan, *x, packed, R)
         res[key] = us
         print(f"{key}: {us:.2f} us  {plan}", flush=True)
 

@@ -12,8 +12,7 @@ from pathlib import Path
 import torch
 
 from rtts import kernels
-from rtts.bench.kernels import S2_GEMMS, _calls, copies_for, time_graph
-from rtts.kernels import reference as ref
+from rtts.bench.kernels import S2_GEMMS, packed_weights, time_plan
 
 
 def main() -> None:
@@ -22,10 +21,7 @@ def main() -> None:
     sms = kernels._sm_count(0)
     res: dict[str, float] = {}
     for name, N, K in [g for g in S2_GEMMS if g[0] in sys.argv[2:]] or S2_GEMMS:
-        R = copies_for(N * K)
-        ws = [ref.quantize_weight(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05)
-              for _ in range(min(R, 8))]
-        packed = [(kernels.pack_weight(q), s) for q, s in ws]
+        R, packed = packed_weights(N, K)
         for M in (32, 64, 128):
             xq, sx = kernels.quantize_1x128(torch.randn(M, K, device="cuda", dtype=torch.bfloat16))
             base = kernels.wgmma64_plan(M, N, K, sms)
@@ -33,12 +29,7 @@ def main() -> None:
                 top = kernels.wgmma64_plan(M, N, K, sms, grid=grid).stages
                 for st in sorted({3, 4, 6, 9, top} & set(range(2, top + 1))):
                     plan = kernels.wgmma64_plan(M, N, K, sms, st, grid=grid)
-
-                    def call(i: int, plan: kernels.WgmmaPlan = plan) -> torch.Tensor:
-                        wp, sw = packed[i % len(packed)]
-                        return kernels.launch_wgmma(plan, xq, sx, wp, sw)
-
-                    us = 1e6 * time_graph(_calls(call, R))
+                    us = time_plan(plan, xq, sx, packed, R)
                     key = f"{name} M={M} grid={plan.grid} stages={plan.stages}"
                     res[key] = us
                     print(f"{key}: {us:.2f} us{'  (planner)' if plan == base else ''}", flush=True)

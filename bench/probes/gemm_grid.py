@@ -13,8 +13,7 @@ from pathlib import Path
 import torch
 
 from rtts import kernels
-from rtts.bench.kernels import S2_GEMMS, _calls, copies_for, time_graph
-from rtts.kernels import reference as ref
+from rtts.bench.kernels import S2_GEMMS, packed_weights, time_plan
 
 
 def main() -> None:
@@ -23,10 +22,7 @@ def main() -> None:
     sms = kernels._sm_count(0)
     res: dict[str, float] = {}
     for name, N, K in S2_GEMMS:
-        R = copies_for(N * K)
-        ws = [ref.quantize_weight(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05)
-              for _ in range(min(R, 8))]
-        packed = [(kernels.pack_weight(q), s) for q, s in ws]
+        R, packed = packed_weights(N, K)
         for M in (1, 16, 32, 64):
             xq, sx = kernels.quantize_1x128(torch.randn(M, K, device="cuda", dtype=torch.bfloat16))
             plans = {}
@@ -36,12 +32,8 @@ def main() -> None:
                 for g2 in ((g, 3 * sms // 2, 2 * sms) if g == sms else (g,)) if M > 16 else ():
                     plans[g2] = kernels.wgmma64_plan(M, N, K, sms, grid=g2)
             base = kernels._plan(M, N, K, 0)
-            for g, plan in plans.items():
-                def call(i: int, plan: kernels.WgmmaPlan = plan) -> torch.Tensor:
-                    wp, sw = packed[i % len(packed)]
-                    return kernels.launch_wgmma(plan, xq, sx, wp, sw)
-
-                us = 1e6 * time_graph(_calls(call, R))
+            for plan in plans.values():
+                us = time_plan(plan, xq, sx, packed, R)
                 key = f"{name} M={M} grid={plan.grid} stages={plan.stages} rows={plan.rows}"
                 res[key] = us
                 print(f"{key}: {us:.2f} us{'  (planner)' if plan == base else ''}", flush=True)

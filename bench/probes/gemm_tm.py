@@ -13,8 +13,7 @@ from pathlib import Path
 import torch
 
 from rtts import kernels
-from rtts.bench.kernels import S2_GEMMS, _calls, copies_for, time_graph
-from rtts.kernels import reference as ref
+from rtts.bench.kernels import S2_GEMMS, packed_weights, time_plan
 
 
 def main() -> None:
@@ -24,10 +23,7 @@ def main() -> None:
     sms = kernels._sm_count(0)
     res: dict[str, float] = {}
     for name, N, K in S2_GEMMS:
-        R = copies_for(N * K)
-        ws = [ref.quantize_weight(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05)
-              for _ in range(min(R, 8))]
-        packed = [(kernels.pack_weight(q), s) for q, s in ws]
+        R, packed = packed_weights(N, K)
         for M in ms:
             xq, sx = kernels.quantize_1x128(torch.randn(M, K, device="cuda", dtype=torch.bfloat16))
             plans = {"stream-K": kernels._plan(M, N, K, 0, cluster=1, rows=64)}
@@ -41,21 +37,13 @@ def main() -> None:
                         if p.grid == sms:
                             plans[f"tm wn={p.rows} S={split} ts={ts} st={p.stages} grid={p.grid}"] = p
             for label, plan in plans.items():
-                def call(i: int, plan: kernels.WgmmaPlan = plan) -> torch.Tensor:
-                    wp, sw = packed[i % len(packed)]
-                    return kernels.launch_wgmma(plan, xq, sx, wp, sw)
-
-                for pdl, rot in ((True, False), (False, False)):
-                    if rot and not plan.token_major:
-                        continue
+                for pdl in (True, False):
                     os.environ.pop("RTTS_NO_PDL", None) if pdl else os.environ.update(RTTS_NO_PDL="1")
-                    os.environ.update(RTTS_GEMM_TM_ROTATE="1") if rot else os.environ.pop("RTTS_GEMM_TM_ROTATE", None)
-                    us = 1e6 * time_graph(_calls(call, R))
-                    key = f"{name} M={M} {label} pdl={int(pdl)} rotate={int(rot)}"
+                    us = time_plan(plan, xq, sx, packed, R)
+                    key = f"{name} M={M} {label} pdl={int(pdl)}"
                     res[key] = us
                     print(f"{key}: {us:.2f} us", flush=True)
             os.environ.pop("RTTS_NO_PDL", None)
-            os.environ.pop("RTTS_GEMM_TM_ROTATE", None)
     (out / "gemm-tm.json").write_text(json.dumps(res, indent=1))
 
 

@@ -63,6 +63,26 @@ def copies_for(nbytes: int) -> int:
     return max(2, math.ceil(3 * L2_BYTES / nbytes))
 
 
+PackedCopies = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def packed_weights(N: int, K: int) -> tuple[int, PackedCopies]:
+    """Random [N, K] weights (bf16 scaled like a trained layer's) quantized and packed, in up to 8 copies, and the
+    calls per graph that rotate through enough of them to exceed the L2 (what the GEMM probes time plans on)."""
+    R = copies_for(N * K)
+    qs = [ref.quantize_weight(torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05) for _ in range(min(R, 8))]
+    return R, [(kernels.pack_weight(q), s) for q, s in qs]
+
+
+def time_plan(plan: kernels.WgmmaPlan, xq: torch.Tensor, sx: torch.Tensor, packed: PackedCopies, calls: int) -> float:
+    """Microseconds per call of the wgmma GEMM launched with `plan`, `calls` calls over the packed copies in turn."""
+    def call(i: int) -> torch.Tensor:
+        wp, sw = packed[i % len(packed)]
+        return kernels.launch_wgmma(plan, xq, sx, wp, sw)
+
+    return 1e6 * time_graph(_calls(call, calls))
+
+
 def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = (), clusters: tuple[int, ...] = (),
                rows: tuple[int, ...] = ()) -> dict[str, Any]:
     dev = "cuda"
