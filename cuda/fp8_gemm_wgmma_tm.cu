@@ -103,7 +103,7 @@ template <int NT, int WN, int S>
 __global__ void __launch_bounds__(TM_THREADS, 2)
     fp8_gemm_wgmma_tm(const __grid_constant__ TensorMap xmap, const float* __restrict__ sx,
                       const fp8_t* __restrict__ wp, const float* __restrict__ sw, bf16_t* __restrict__ y, int M,
-                      int N, int K, int Mp, int stages, int tstages, int rotate) {
+                      int N, int K, int Mp, int stages, int tstages) {
     static_assert(WN % 8 == 0 && WN <= 128 && (S == 1 || S == 2) && (NT == 32 || NT == 64), "fp8_gemm_wgmma_tm");
     constexpr int R = WN / 2, W_BYTES = WN * 128;
     // Two accumulators per K block: the 64-row kernel's choice at 32-64 tokens (its rounding test's bound holds,
@@ -118,9 +118,6 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     const int tile = blockIdx.x / S, rank = blockIdx.x % S;  // clusters of S consecutive CTAs: rank = cluster rank
     const int T = gridDim.x / S, G = N >> 3;
     const int kbeg = rank * iters, n0 = 8 * (int)((i64)tile * G / T), wn = 8 * (int)((i64)(tile + 1) * G / T) - n0;
-    // (rotate) iteration j takes K block kbeg + (j + rot) % iters: tiles start at different K blocks, so the CTAs do
-    // not all read the same token block from the same L2 lines at once.
-    const int rot = rotate ? tile % iters : 0;
     const int blk = n0 >> 7, split = 128 - (n0 & 127);  // tile columns [0, split) lie in weight block blk
     const int rows_a = min(wn, split);
     // Layout: [stages][WN x 128] weights | [tstages][64 x 128] tokens (both regions multiples of 1 KB: swizzle atoms
@@ -167,20 +164,19 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
                 bulk_copy_g2s(smem_u32(s_x + st * TM_SCALES), sx + (i64)kb * Mp, 4u * Mp, full_t + 8 * st);
             };
             const int wpre = min(stages, iters), tpre = min(tstages, iters);
-            auto kb_of = [&](int u) { return kbeg + (u + rot < iters ? u + rot : u + rot - iters); };
-            for (int u = 0; u < wpre; ++u) load_weights(u, kb_of(u));
+            for (int u = 0; u < wpre; ++u) load_weights(u, kbeg + u);
             pdl_wait();  // tokens and their scales were written by the kernel ahead
-            for (int u = 0; u < tpre; ++u) load_tokens(u, kb_of(u));
+            for (int u = 0; u < tpre; ++u) load_tokens(u, kbeg + u);
             // Each time the consumers release iteration i's stages, they take iteration i + tstages's tokens and
             // i + stages's weights.
             for (int i = 0, ts = 0, tph = 0, wsg = 0, wph = 0; i + tstages < iters || i + stages < iters; ++i) {
                 if (i + tstages < iters) {
                     mbar_wait(empty_t + 8 * ts, tph);
-                    load_tokens(ts, kb_of(i + tstages));
+                    load_tokens(ts, kbeg + i + tstages);
                 }
                 if (i + stages < iters) {
                     mbar_wait(empty_w + 8 * wsg, wph);
-                    load_weights(wsg, kb_of(i + stages));
+                    load_weights(wsg, kbeg + i + stages);
                 }
                 ring_next(ts, tph, tstages);
                 ring_next(wsg, wph, stages);
@@ -197,9 +193,8 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     // ---- consumers. The weight scales of this CTA's K blocks (constants) are copied before the wait.
     const int blk_b = rows_a < wn ? blk + 1 : blk;
     for (int i = tid; i < iters; i += TM_CONSUMERS) {
-        const int kb = kbeg + (i + rot < iters ? i + rot : i + rot - iters);  // iteration i's
-        cp_async4(smem_u32(s_w + 2 * i), sw + (i64)blk * KB + kb, true);
-        cp_async4(smem_u32(s_w + 2 * i + 1), sw + (i64)blk_b * KB + kb, true);
+        cp_async4(smem_u32(s_w + 2 * i), sw + (i64)blk * KB + kbeg + i, true);
+        cp_async4(smem_u32(s_w + 2 * i + 1), sw + (i64)blk_b * KB + kbeg + i, true);
     }
     cp_async_commit();
     pdl_wait();  // every global write below comes after the kernel ahead (it may still read y)

@@ -68,11 +68,6 @@ def gemm_token_major() -> bool:
     return os.environ.get("RTTS_GEMM_TM", "").strip() == "1"
 
 
-def gemm_tm_rotate() -> bool:
-    """RTTS_GEMM_TM_ROTATE=1: the token-major GEMM's tiles start at different K blocks (experiment)."""
-    return _flag("RTTS_GEMM_TM_ROTATE")
-
-
 def gemm_cluster() -> int | None:
     """RTTS_GEMM_CLUSTER=N: force the wgmma GEMM's split (1: global stream-K, 2-8: clusters of N CTAs) instead of
     its planner's choice (comparison, bisection)."""

@@ -405,8 +405,7 @@ def launch_wgmma(plan: WgmmaPlan, xq: torch.Tensor, sx: torch.Tensor, wp: torch.
         _jit.set_dynamic_smem(fn, plan.smem)
         _jit.launch(fn, (plan.grid,), (_TM_THREADS,), (token_map(), sx.data_ptr(), wp.data_ptr(), sw.data_ptr(),
                                                         y.data_ptr(), _i32(M), _i32(N), _i32(K), _i32(pad4(M)),
-                                                        _i32(plan.stages), _i32(plan.tstages),
-                                                        _i32(env.gemm_tm_rotate())),
+                                                        _i32(plan.stages), _i32(plan.tstages)),
                     shared_mem=plan.smem, pdl=True, cluster=plan.cluster)
         return y
     if plan.rows == _H_ROWS:
