@@ -22,6 +22,21 @@ def _x(*shape: int, scale: float = 1.0, seed: int = 0, device: str = "cpu") -> t
     return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).to(device)
 
 
+def _capture(fn: Callable[[], torch.Tensor], warm: bool = False) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """`fn` captured in a CUDA graph on a side stream (after one eager call there when `warm`): the graph and the
+    tensor its replays write."""
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        if warm:
+            fn()
+        with torch.cuda.graph(g, stream=s):
+            out = fn()
+    torch.cuda.current_stream().wait_stream(s)
+    return g, out
+
+
 # ---------------------------------------------------------------------------------------------------- references
 
 
@@ -536,13 +551,7 @@ def test_fp8_gemm_token_major_kernel(M: int, N: int, K: int, sms: int, split: in
     assert (first.float() - r).abs().max() / r.abs().max() < 1e-2
     for _ in range(2):
         assert torch.equal(kernels.launch_wgmma(plan, xq, sx, wp, sw), first)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            out = kernels.launch_wgmma(plan, xq, sx, wp, sw)
-    torch.cuda.current_stream().wait_stream(s)
+    g, out = _capture(lambda: kernels.launch_wgmma(plan, xq, sx, wp, sw))
     for _ in range(2):
         g.replay()
         torch.cuda.synchronize()
@@ -570,13 +579,7 @@ def test_fp8_gemm_lean_tma_tokens_give_the_same_bits(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("RTTS_GEMM_TMA_TOKENS")
     for _ in range(3):
         assert torch.equal(kernels.fp8_gemm(xq, sx, wp, sw), want)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            out = kernels.fp8_gemm(xq, sx, wp, sw)
-    torch.cuda.current_stream().wait_stream(s)
+    g, out = _capture(lambda: kernels.fp8_gemm(xq, sx, wp, sw))
     for _ in range(2):
         g.replay()
         torch.cuda.synchronize()
@@ -617,14 +620,7 @@ def test_fp8_gemm_pdl_chain(monkeypatch: pytest.MonkeyPatch, M: int, tma: bool, 
     plain = chain()
     monkeypatch.delenv("RTTS_NO_PDL")
     assert torch.equal(chain(), plain)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        chain()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            out = chain()
-    torch.cuda.current_stream().wait_stream(s)
+    g, out = _capture(chain, warm=True)
     for _ in range(3):
         g.replay()
         assert torch.equal(out, plain)
@@ -668,13 +664,7 @@ def test_decode_attention_split_merge_is_deterministic_and_replays(B: int, fused
         assert torch.equal(kernels.decode_attention(q, kc, vc, slots, lens), first)
     assert not kernels._streamk(torch.device("cuda"), kernels._sm_count(0)).att_counters.any()
     kernels.warmup(torch.device("cuda"))
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            out = kernels.decode_attention(q, kc, vc, slots, lens)
-    torch.cuda.current_stream().wait_stream(s)
+    g, out = _capture(lambda: kernels.decode_attention(q, kc, vc, slots, lens))
     for n in (L, 1, 63, 64, 65, 1000, L):
         lens.fill_(n)
         g.replay()
@@ -760,14 +750,7 @@ def test_kernels_capture_in_cuda_graph() -> None:
     wq, sw = ref.quantize_weight(w)
     kernels.warmup(torch.device("cuda"))
     eager = kernels.fp8_linear(x, wq, sw)
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        kernels.fp8_linear(x, wq, sw)
-        with torch.cuda.graph(g, stream=s):
-            out = kernels.fp8_linear(x, wq, sw)
-    torch.cuda.current_stream().wait_stream(s)
+    g, out = _capture(lambda: kernels.fp8_linear(x, wq, sw), warm=True)
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
