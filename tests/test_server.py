@@ -869,7 +869,7 @@ def test_model_routes_refuse_bad_requests_cleanly(srv: LiveServer, ref_wav: byte
 def test_form_and_body_limits_hold_for_chunked_and_nested_bodies(srv: LiveServer, ref_wav: bytes) -> None:
     """A form body without Content-Length (chunked) is cut off at the route's limit while it streams in, not parsed
     whole first (Starlette's parser alone takes any size, spooling files to disk); deeply nested JSON is a 400, not
-    a 500; both for /model and /v1/references/add."""
+    a 500, for /model and /v1/references/*; a delete's body is bounded too."""
     limits = srv.rt.config.limits
     with httpx.Client(base_url=srv.http, timeout=60) as h:
         before = h.get("/model", params={"page_size": 100}).json()["total"]
@@ -886,10 +886,13 @@ def test_form_and_body_limits_hold_for_chunked_and_nested_bodies(srv: LiveServer
 
             r = h.post(path, content=body(), headers={"content-type": built.headers["content-type"]})
             assert r.status_code == 413 and r.json()["status"] == 413, (path, r.text)
-        for path in ("/model", "/v1/references/add", f"/model/{'x' * 8}"):
-            method = "PATCH" if path.startswith("/model/") else "POST"
+        for method, path in (("POST", "/model"), ("POST", "/v1/references/add"), ("PATCH", f"/model/{'x' * 8}"),
+                             ("DELETE", "/v1/references/delete")):
             r = h.request(method, path, content=b"[" * 100_000, headers={"content-type": "application/json"})
             assert r.status_code == 400 and r.json()["status"] == 400, (path, r.text)
+        r = h.request("DELETE", "/v1/references/delete", content=b" " * (MAX_MESSAGE + 1),
+                      headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["status"] == 413
         assert h.get("/model", params={"page_size": 100}).json()["total"] == before  # nothing stored
 
 

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import ormsgpack
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -23,7 +21,7 @@ from rtts.audio.encode import AudioFormatError
 from rtts.pingpong import NoSlotError
 from rtts.session import Session, SessionError, output_spec, resolve_references
 from rtts.voices import VoiceError
-from rtts.ws.protocol import ProtocolError, decode_http_body, error_json
+from rtts.ws.protocol import ProtocolError, decode_body, decode_http_body, error_json
 from rtts.ws.runtime import Runtime
 
 log = logging.getLogger("rtts.http")
@@ -74,11 +72,9 @@ async def read_form(request: Request, limit: int, max_files: int = 8, max_fields
 
 
 def decode_map(body: bytes, ctype: str) -> Any:
-    """A msgpack or JSON body (by content type), ProtocolError when it does not decode (deep nesting included)."""
-    try:
-        return ormsgpack.unpackb(body) if "msgpack" in ctype else json.loads(body or b"{}")
-    except (ValueError, RecursionError) as e:  # JSON, msgpack and UTF-8 errors are ValueErrors
-        raise ProtocolError(f"body does not decode: {str(e)[:200]}") from None
+    """The body of a voice route: MessagePack when the content type says so, else JSON (an empty one: no fields)."""
+    msgpack = "msgpack" in ctype
+    return decode_body(body, msgpack) if body or msgpack else {}
 
 
 def _text_field(obj: dict[str, Any], key: str) -> str:
@@ -208,7 +204,7 @@ async def references_add(request: Request) -> Response:
         return json_error(413, f"request body over {2 * rt.config.limits.max_reference_bytes} bytes")
     except HTTPException as e:  # Starlette's refusal of a malformed multipart body
         return json_error(e.status_code, str(e.detail))
-    except (ProtocolError, VoiceError, ValueError, ormsgpack.MsgpackDecodeError) as e:
+    except (ProtocolError, VoiceError, ValueError) as e:
         return json_error(400, str(e))
     return JSONResponse({"status": 200, "message": "ok", "reference": voice.info()})
 
@@ -228,12 +224,13 @@ async def references_delete(request: Request) -> Response:
         return json_error(401, "invalid or missing API key")
     voice_id = request.query_params.get("id") or request.query_params.get("reference_id")
     if not voice_id:
+        limit = rt.config.limits.max_message_bytes
         try:
-            body = await request.body()
-            obj = ormsgpack.unpackb(body) if "msgpack" in request.headers.get("content-type", "") else json.loads(
-                body or b"{}")
+            obj = decode_map(await read_body(request, limit), request.headers.get("content-type", ""))
             voice_id = str(obj.get("id") or obj.get("reference_id") or "")
-        except (ValueError, AttributeError, ormsgpack.MsgpackDecodeError):
+        except BodyTooLarge:
+            return json_error(413, f"request body over {limit} bytes")
+        except (ProtocolError, AttributeError):
             return json_error(400, "body must be JSON or msgpack with an id")
     if not voice_id:
         return json_error(400, "missing id")

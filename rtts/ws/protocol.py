@@ -476,18 +476,22 @@ def _unpack(data: bytes) -> Any:
         raise ProtocolError(f"message is not valid MessagePack ({e})") from None
 
 
-def decode_http_body(body: bytes, content_type: str, limits: Limits = Limits()) -> TTSRequest:
-    """The body of `POST /v1/tts`: `application/msgpack` (the SDKs) or `application/json` (the docs' examples)."""
-    if len(body) > limits.max_message_bytes:
-        raise ProtocolError(f"request body is {len(body)} bytes, the limit is {limits.max_message_bytes}", status=413)
-    decode, what = ((msgspec.msgpack.decode, "MessagePack") if _body_kind(content_type) == "msgpack"
-                    else (msgspec.json.decode, "JSON"))
+def decode_body(body: bytes, msgpack: bool) -> Any:
+    """An HTTP body as MessagePack or JSON; ProtocolError (400) when it does not decode, deep nesting included."""
+    decode, what = (msgspec.msgpack.decode, "MessagePack") if msgpack else (msgspec.json.decode, "JSON")
     try:
-        obj = decode(body)
+        return decode(body)
     except RecursionError:
         raise ProtocolError("request body nests containers too deeply") from None
     except msgspec.DecodeError as e:
         raise ProtocolError(f"request body is not valid {what} ({e})") from None
+
+
+def decode_http_body(body: bytes, content_type: str, limits: Limits = Limits()) -> TTSRequest:
+    """The body of `POST /v1/tts`: `application/msgpack` (the SDKs) or `application/json` (the docs' examples)."""
+    if len(body) > limits.max_message_bytes:
+        raise ProtocolError(f"request body is {len(body)} bytes, the limit is {limits.max_message_bytes}", status=413)
+    obj = decode_body(body, msgpack=_body_kind(content_type) == "msgpack")
     if not isinstance(obj, Mapping):
         raise ProtocolError(f"request body must be a map (object), got {_describe(obj)}")
     return parse_request(obj, limits, http=True, path="")
