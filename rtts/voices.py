@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -154,18 +155,15 @@ class VoiceStore:
             raise VoiceError(f"unknown reference_id {voice_id!r}")
         return voice
 
-    def update(self, voice_id: str, title: str | None = None, description: str | None = None,
-               tags: tuple[str, ...] | None = None, visibility: str | None = None) -> Voice:
-        """Change a stored voice's metadata (None: keep); the codes stay, and so does `created` (the key under which
-        sessions cache the voice's prefill: a metadata edit does not change the sound)."""
+    def update(self, voice_id: str, **changes: Any) -> Voice:
+        """Change some VoiceMeta fields of a stored voice (those named); the codes stay, and so does `created` (the key
+        under which sessions cache the voice's prefill: a metadata edit does not change the sound)."""
         with self._lock:
             old = self._voices.get(voice_id)
             if old is None:
                 raise VoiceError(f"unknown reference_id {voice_id!r}")
-            m = old.meta
-            meta = VoiceMeta(m.title if title is None else title, m.description if description is None else description,
-                             m.tags if tags is None else tags, m.visibility if visibility is None else visibility)
-            voice = dataclasses.replace(old, meta=meta.checked(), updated=time.time())
+            meta = dataclasses.replace(old.meta, **changes).checked()
+            voice = dataclasses.replace(old, meta=meta, updated=time.time())
             if self.root is not None:
                 tmp = self.root / voice_id / ".meta.json.tmp"
                 tmp.write_text(voice._meta_json())

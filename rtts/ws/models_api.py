@@ -11,6 +11,7 @@ voice, their codes and transcripts joined in order (VoiceStore.add_samples).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import uuid
 from typing import Any
@@ -94,18 +95,14 @@ async def _fields(request: Request, limit: int, max_files: int) -> _Fields:
     return _Fields(obj=obj)
 
 
-def _meta_fields(f: _Fields, create: bool) -> dict[str, Any]:
-    """title / description / visibility / tags of a create (absent: the API's defaults) or an update (absent:
-    unchanged; an empty tag list clears the tags)."""
+def _meta_fields(f: _Fields) -> dict[str, Any]:
+    """The VoiceMeta fields a create or update sends (an empty tag list is sent: it clears the tags)."""
     title = f.text("title")
     if title is not None and not title.strip():
         raise ProtocolError("title must not be blank", status=422)
-    out: dict[str, Any] = {"title": title, "description": f.text("description"), "visibility": f.text("visibility"),
-                           "tags": tuple(t for t in f.texts("tags") if t) if f.has("tags") else None}
-    if create:
-        defaults: dict[str, Any] = {"title": "", "description": "", "visibility": "public", "tags": ()}  # the API's
-        out = {k: defaults[k] if v is None else v for k, v in out.items()}
-    return out
+    out = {"title": title, "description": f.text("description"), "visibility": f.text("visibility"),
+           "tags": tuple(t for t in f.texts("tags") if t) if f.has("tags") else None}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 async def _guarded(request: Request, limit: int, handler: Any, max_files: int = 1) -> Response:
@@ -150,7 +147,7 @@ async def create_model(request: Request) -> Response:
         if len(texts) != len(audios):
             raise ProtocolError(f"texts: one transcript per voice file ({len(audios)}), got {len(texts)}; this "
                                 "server does not transcribe audio", status=422)
-        meta = VoiceMeta(**_meta_fields(f, create=True))
+        meta = dataclasses.replace(VoiceMeta(visibility="public"), **_meta_fields(f))  # the API's default: public
         voice = await asyncio.to_thread(rt.voices.add_samples, uuid.uuid4().hex, list(zip(audios, texts)), meta)
         return JSONResponse(model_entity(voice), status_code=201)
 
@@ -194,8 +191,7 @@ async def update_model(request: Request) -> Response:
     rt: Runtime = request.app.state.rt
 
     async def handler(f: _Fields) -> Response:
-        fields = _meta_fields(f, create=False)
-        await asyncio.to_thread(rt.voices.update, request.path_params["model_id"], **fields)
+        await asyncio.to_thread(rt.voices.update, request.path_params["model_id"], **_meta_fields(f))
         return JSONResponse({"status": 200, "message": "ok"})  # what the API answers (the SDK reads nothing)
 
     # Small fields and a cover image (accepted, not kept).
