@@ -325,7 +325,7 @@ def _plan(M: int, N: int, K: int, device_index: int, stages: int | None = None,
         try:
             return wgmma_tm_plan(M, N, K, sms, stages)
         except ValueError:
-            pass  # the layer does not cut into about one tile per SM: stream-K below
+            pass  # the layer does not cut into one tile per SM: stream-K below
     if _rows64(M, cluster, rows):
         try:
             return wgmma64_plan(M, N, K, sms, stages)

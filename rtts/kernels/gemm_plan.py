@@ -5,8 +5,8 @@ the CPU tests check every plan the GPU would launch.
   token tile, global stream-K or thread-block-cluster split, ring stages.
 - `wgmma64_plan`: the 64-row kernel (cuda/fp8_gemm_wgmma64.cu), 17-128 tokens: token tile, CTAs per SM, weight and
   token stages, share buffers of a settling CTA.
-- `wgmma_tm_plan`: the token-major kernel (cuda/fp8_gemm_wgmma_tm.cu), 17-64 tokens on layers that cut into about one
-  whole-K (or half-K pair) tile per SM: tile width, K split, stages.
+- `wgmma_tm_plan`: the token-major kernel (cuda/fp8_gemm_wgmma_tm.cu, an experiment), 17-64 tokens on layers that cut
+  into one whole-K (or half-K pair) tile per SM: tile width, K split, stages.
 - `gemm_plan`: the portable mma.sync kernel (cuda/fp8_gemm.cu).
 """
 
@@ -84,8 +84,8 @@ def h_ctas_per_sm(nt: int, T: int, sms: int) -> float:
 _H_INSTANCES = tuple(f"fp8_gemm_wgmma64<{nt}>" for nt in _H_NT)
 
 
-# Token-major kernel (cuda/fp8_gemm_wgmma_tm.cu) for 17-64 tokens: tokens on the wgmma M side, tiles of WN weight
-# rows over all of K (S = 1) or half of it in a cluster pair (S = 2), about one per SM, no stream-K.
+# Token-major kernel (cuda/fp8_gemm_wgmma_tm.cu) for 17-64 tokens: tokens on the wgmma M side, tiles of up to WN weight
+# rows over all of K (S = 1) or half of it in a cluster pair (S = 2), one per SM, no stream-K.
 _TM_NT = (32, 64)
 _TM_WN = (16, 24, 32, 40, 48)  # tile widths compiled (the planner picks among them; 64 spills at 96 registers)
 _TM_THREADS = 256 + 32  # two consumer warpgroups and a producer warp
@@ -93,7 +93,7 @@ _TM_TOKEN_BYTES = 8192  # a token stage: the MMA's 64 rows x 128
 # Both rings have even stage counts: the two consumer warpgroups take alternate K blocks, so with an even count each
 # stage is only ever used by one of them. With an odd one a warpgroup could reach a stage's next use while the other
 # warpgroup's load into it (one phase earlier) was still pending, and the parity wait would pass it (session 12's
-# probe hung on a three-stage ring). Four token stages per warpgroup: with two, each K block waited a token round trip.
+# probe hung on a three-stage ring). Eight token stages (four per warpgroup) measured no faster than four.
 _TM_TOKEN_STAGES = 8
 _TM_MAX_STAGES = 8
 # Auto plans only for layers of at most this many K blocks per CTA: measured on the H200 (session 12, one CTA per
