@@ -22,8 +22,8 @@ for step in "$@"; do
              -p no:cacheprovider --tb=short 2>&1 | tee "$OUT/tests.log" | grep -v "driver.pyx\|Exception ignored\|NoneType" \
              | tail -25 ;;  # the whole log stays under OUT: a device call returns only its output's tail
     tm) timeout 150 python3 -m pytest -q -m gpu tests/test_kernels.py -k "token_major or pdl_chain or rounds_like" \
-          -p no:cacheprovider --tb=short 2>&1 | tee "$OUT/tm-tests.log" | tail -6  # the token-major GEMM (RTTS_GEMM_TM=1): tests,
-        for v in 0 1; do                               # then the kernel bench without and with it
+          -p no:cacheprovider --tb=short 2>&1 | tee "$OUT/tm-tests.log" | tail -6  # the token-major GEMM: its tests, then the
+        for v in 0 1; do                               # kernel bench with it off (RTTS_GEMM_TM=0) and forced (1)
           RTTS_GEMM_TM=$v timeout 100 python3 -m rtts.bench kernels --sections gemm,mlp --m 17,32,64 --out "$OUT/tm$v" \
             2>&1 | grep "^|"
         done ;;

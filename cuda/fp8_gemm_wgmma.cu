@@ -262,7 +262,10 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     float total[R], acc[ACCS][R];
     zero_accumulators(total, acc);
 
-    const int wg = tid >> 7;
+    // The warpgroup index through a shuffle: the compiler then knows it is warp-uniform and keeps the descriptors
+    // below in uniform registers.
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+    const unsigned wdesc = desc_sw128_lo(w_base + wg * (TILE_BYTES / 2)), bdesc = desc_sw128_lo(b_base);
     int tile = first_tile, kb = kb0, slot = 0, settle = -1;
     bool whole = kb == 0;               // the segment being accumulated started at the tile's first K block
     for (int j = 0, s = 0, phase = 0; j < iters; ++j) {  // stage s = j % stages, phase = j / stages & 1
@@ -279,7 +282,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
             named_barrier(BAR_CONSUMERS, CONSUMERS);
         }
         mbar_wait(full0 + 8 * s, phase);
-        mma_block<NT, ACCS>(acc, w_base + s * TILE_BYTES + wg * (TILE_BYTES / 2), b_base + slot * B_BYTES);
+        mma_block<NT, ACCS>(acc, wdesc + s * (TILE_BYTES / 16), bdesc + slot * (B_BYTES / 16));
         if (lane == 0) mbar_arrive(empty0 + 8 * s);  // this warp's share of the MMAs is done reading the stage
 
         promote<NT, ACCS>(total, acc, s_w[j], s_x + slot * NT, lane);

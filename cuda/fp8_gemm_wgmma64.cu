@@ -169,13 +169,14 @@ __global__ void __launch_bounds__(H_THREADS, 2)
     float total[R], acc[ACCS][R];
     zero_accumulators(total, acc);
 
+    const unsigned wdesc = desc_sw128_lo(wring), tdesc = desc_sw128_lo(tring);
     int tile = first_tile, kb = kb0, settle = -1;
     bool whole = kb == 0;  // the segment being accumulated started at the tile's first K block
     // weight stage s = j % stages (phase j / stages & 1), token stage t = j % tstages (phase j / tstages & 1)
     for (int j = 0, s = 0, phase = 0, t = 0, tphase = 0; j < iters; ++j) {
         mbar_wait(full_t + 8 * t, tphase);
         mbar_wait(full_w + 8 * s, phase);
-        mma_block<NT, ACCS>(acc, wring + s * H_BYTES, tring + t * B_BYTES);
+        mma_block<NT, ACCS>(acc, wdesc + s * (H_BYTES / 16), tdesc + t * (B_BYTES / 16));
         promote<NT, ACCS>(total, acc, s_w[j], s_x + t * NT, lane);
         __syncwarp();  // every lane has read the token scales
         if (lane == 0) {  // this warp is done with both stages

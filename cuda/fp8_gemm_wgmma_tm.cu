@@ -37,22 +37,26 @@
 // D[64 x WN] (+)= A[64 x 32] * B[WN x 32]^T as wgmmas of N = 32 / 16 / 8 over consecutive row pieces of the weight
 // tile (row O of the tile starts O * 128 bytes into it: pieces start on 8-row swizzle atoms). Piece O's registers are
 // d[O / 2 ...]: the m64nN accumulator layout puts column 8 j + c in registers 4 j + ..., the same as one wide MMA's.
+// a / b are the descriptor low words (desc_sw128_lo) of the k step's token and weight bytes; the loop adds offsets
+// to two per-stage words (sm90.cuh says why that holds) instead of rebuilding each MMA's descriptor (measured: the
+// rebuilds were ~100 of the loop's ~230 instructions, in a loop whose issue rate bounds the kernel).
 template <int WN, int O = 0>
-__device__ __forceinline__ void wgmma_rows(float (&d)[WN / 2], u64 da, unsigned b, int accumulate) {
+__device__ __forceinline__ void wgmma_rows(float (&d)[WN / 2], unsigned a, unsigned b, int accumulate) {
     if constexpr (O < WN) {
         constexpr int P = WN - O >= 32 ? 32 : (WN - O >= 16 ? 16 : 8);
-        wgmma_e4m3<P>(*reinterpret_cast<float(*)[P / 2]>(&d[O / 2]), da, desc_sw128(b + O * 128), accumulate);
-        wgmma_rows<WN, O + P>(d, da, b, accumulate);
+        wgmma_e4m3<P>(*reinterpret_cast<float(*)[P / 2]>(&d[O / 2]), desc_of(a), desc_of(b + O * 128 / 16),
+                      accumulate);
+        wgmma_rows<WN, O + P>(d, a, b, accumulate);
     }
 }
 
-// One K block of a consumer warpgroup: acc = tokens[64 x 128] * weights[WN x 128]^T, the four k32 steps spread over
-// ACCS accumulators, waited for.
+// One K block of a consumer warpgroup: acc = tokens[64 x 128] * weights[WN x 128]^T, the four k32 steps (32 bytes:
+// low word + 2) spread over ACCS accumulators, waited for. a / b: the stages' descriptor low words.
 template <int WN, int ACCS>
 __device__ __forceinline__ void tm_mma_block(float (&acc)[ACCS][WN / 2], unsigned a, unsigned b) {
     wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < 4; ++k) wgmma_rows<WN>(acc[k % ACCS], desc_sw128(a + 32 * k), b + 32 * k, k >= ACCS);
+    for (int k = 0; k < 4; ++k) wgmma_rows<WN>(acc[k % ACCS], a + 2 * k, b + 2 * k, k >= ACCS);
     wgmma_commit();
     wgmma_wait_all();
 #pragma unroll
@@ -201,7 +205,10 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     cp_async_wait<0>();
     named_barrier(TM_BAR_READY, TM_CONSUMERS + 32);  // stage barriers initialized, every weight scale landed
 
-    const int wg = tid >> 7, m0 = 16 * ((tid & 127) >> 5) + (lane >> 2);  // this thread's token rows: m0, m0 + 8
+    // The warpgroup index through a shuffle: the compiler then knows it is warp-uniform and keeps the loop's stage
+    // indices and descriptors in uniform registers.
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), m0 = 16 * ((tid & 127) >> 5) + (lane >> 2);  // token rows
+    const unsigned tdesc = desc_sw128_lo(tring), wdesc = desc_sw128_lo(wring);
     float total[R], acc[ACCS][R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -219,7 +226,7 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     for (int j = wg; j < iters; j += 2) {
         mbar_wait(full_t + 8 * t, tph);
         mbar_wait(full_w + 8 * s, ph);
-        tm_mma_block<WN, ACCS>(acc, tring + t * TM_TOKEN_BYTES, wring + s * W_BYTES);
+        tm_mma_block<WN, ACCS>(acc, tdesc + t * (TM_TOKEN_BYTES / 16), wdesc + s * (W_BYTES / 16));
         const float x0 = s_x[t * TM_SCALES + m0], x1 = s_x[t * TM_SCALES + m0 + 8];
         __syncwarp();  // every lane has read the token scales
         if (lane == 0) {  // this warp is done with both stages

@@ -69,10 +69,15 @@ __device__ __forceinline__ unsigned pack_bf16x2(float x, float y) {
 
 // Matrix descriptor of a K-major tile whose rows are 128 bytes, 8-row atoms 1024 bytes apart (stride byte offset),
 // 128-byte swizzle (chunk c of row r stored at chunk c ^ (r % 8)); the atoms must be 1024-byte aligned. A K slice
-// starting k bytes into the rows is the same descriptor with the start address advanced by k.
-__device__ __forceinline__ u64 desc_sw128(unsigned saddr) {
-    return (u64)((saddr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
-}
+// starting k bytes into the rows is the same descriptor with the start address advanced by k. The high word is the
+// same for every such tile, and the low word holds the address / 16 in bits 0-13 (bit 16 is the leading byte offset,
+// unused with this swizzle): for addresses below 256 KB (all of shared memory) the low word of a + d is the low word
+// of a plus d / 16 for any multiple d of 16, so loops keep one 32-bit low word per tile and add offsets to it
+// (desc_sw128_lo / desc_of) instead of rebuilding 64-bit descriptors per MMA.
+#define DESC_SW128_HI ((1024u >> 4) | (1u << 30))
+__device__ __forceinline__ unsigned desc_sw128_lo(unsigned saddr) { return ((saddr & 0x3FFFF) >> 4) | (1u << 16); }
+__device__ __forceinline__ u64 desc_of(unsigned lo) { return ((u64)DESC_SW128_HI << 32) | lo; }
+__device__ __forceinline__ u64 desc_sw128(unsigned saddr) { return desc_of(desc_sw128_lo(saddr)); }
 
 // Byte offset of 16-byte chunk c of row r in such a tile (the 128-byte swizzle desc_sw128 describes).
 __device__ __forceinline__ unsigned sw128_offset(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }

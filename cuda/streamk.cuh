@@ -24,14 +24,16 @@ __device__ __forceinline__ void zero_accumulators(float (&total)[R], float (&acc
     }
 }
 
-// One 128-wide K block of a consumer warpgroup: acc = A[64 x 128] * B[NT x 128]^T from the swizzled shared tiles at
-// a and b, in four k32 MMAs spread over ACCS accumulators (fp8_gemm_wgmma.cu says why), waited for.
+// One 128-wide K block of a consumer warpgroup: acc = A[64 x 128] * B[NT x 128]^T from the swizzled shared tiles
+// whose descriptors' low words (desc_sw128_lo) are a and b, in four k32 MMAs spread over ACCS accumulators
+// (fp8_gemm_wgmma.cu says why), waited for. A k step is 32 bytes on, its low words 2 on (sm90.cuh says why that
+// holds): callers pass a low word built once plus the stage's offset / 16, not a shared address to rebuild each
+// MMA's descriptor from (those rebuilds were ~40 of a K block's instructions, in loops whose issue rate counts).
 template <int NT, int ACCS>
 __device__ __forceinline__ void mma_block(float (&acc)[ACCS][NT / 2], unsigned a, unsigned b) {
     wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
-        wgmma_e4m3<NT>(acc[k % ACCS], desc_sw128(a + 32 * k), desc_sw128(b + 32 * k), k >= ACCS);
+    for (int k = 0; k < 4; ++k) wgmma_e4m3<NT>(acc[k % ACCS], desc_of(a + 2 * k), desc_of(b + 2 * k), k >= ACCS);
     wgmma_commit();
     wgmma_wait_all();
 #pragma unroll

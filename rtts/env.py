@@ -59,13 +59,16 @@ def gemm_tma_tokens() -> bool:
     return v != "0"
 
 
-def gemm_token_major() -> bool:
-    """RTTS_GEMM_TM=1: plan 17-64 token GEMMs on the token-major kernel (cuda/fp8_gemm_wgmma_tm.cu) where it has a
-    plan, instead of the 64-row stream-K kernel. Off by default: its one-CTA-per-SM version (unequal tile widths) was
-    timed on the H200 in session 12 (wqkv 64 tokens 9.4 -> 7.4 us, wo 7.9 -> 6.8; bench/results/traces/README.md)
-    but its GPU tests' outcome was not seen before the session's device time ran out. To decide: the GPU tests, then
-    `python -m rtts.bench kernels --sections gemm,mlp --m 17,32,64` with and without it."""
-    return os.environ.get("RTTS_GEMM_TM", "").strip() == "1"
+def gemm_token_major() -> bool | None:
+    """RTTS_GEMM_TM: which 17-64 token GEMMs run the token-major kernel (cuda/fp8_gemm_wgmma_tm.cu) instead of the
+    64-row stream-K kernel. Unset: the planner's choice (every layer it has a plan for, except cluster-pair plans
+    at 32 tokens or fewer, where stream-K measured faster: gemm_plan.prefer_token_major); 1: wherever it has a plan
+    (comparison, tests); 0: never. Measured on the H200 (session 13, bench/results): wqkv 64 tokens 9.3 -> 6.8 us,
+    wo 64 7.8 -> 6.5."""
+    v = os.environ.get("RTTS_GEMM_TM", "").strip()
+    if v not in ("", "0", "1"):
+        raise ValueError(f"RTTS_GEMM_TM must be 0 or 1, got {v!r}")
+    return None if v == "" else v == "1"
 
 
 def gemm_cluster() -> int | None:

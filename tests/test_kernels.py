@@ -279,6 +279,26 @@ def test_tma_token_setting(monkeypatch: pytest.MonkeyPatch) -> None:
         env.gemm_tma_tokens()
 
 
+def test_token_major_setting_and_preference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RTTS_GEMM_TM: unset leaves the choice to the planner (None), 1 forces the token-major kernel wherever it has a
+    plan, 0 turns it off, anything else is an error. The planner takes whole-K token-major plans at any 17-64 token
+    count and cluster-pair plans only above 32 tokens (where they measured faster than stream-K)."""
+    from rtts import env
+
+    monkeypatch.delenv("RTTS_GEMM_TM", raising=False)
+    assert env.gemm_token_major() is None
+    for v, want in (("0", False), ("1", True), (" 1 ", True)):
+        monkeypatch.setenv("RTTS_GEMM_TM", v)
+        assert env.gemm_token_major() is want
+    monkeypatch.setenv("RTTS_GEMM_TM", "on")
+    with pytest.raises(ValueError, match="RTTS_GEMM_TM"):
+        env.gemm_token_major()
+    for M in (17, 32, 33, 64):
+        wqkv, wo = kernels.wgmma_tm_plan(M, 6144, 2560, sms=132), kernels.wgmma_tm_plan(M, 2560, 4096, sms=132)
+        assert (wqkv.cluster, wo.cluster) == (1, 2)
+        assert kernels.prefer_token_major(wqkv, M) and kernels.prefer_token_major(wo, M) == (M > 32)
+
+
 def test_lean_plans_prefetch_at_most_half_a_range() -> None:
     """The lean (1-16 token) global plans hold at most half of a CTA's range in their ring (at least two stages), as
     far as half an SM's shared memory allows: what the next GEMM prefetches competes with the tail of the one ahead."""

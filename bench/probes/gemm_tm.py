@@ -1,10 +1,13 @@
 """Time the token-major GEMM (fp8_gemm_wgmma_tm) against the stream-K plans on the S2-Pro shapes, with and without
 programmatic dependent launch (RTTS_NO_PDL, read per launch), over its tile widths, K splits and ring depths (same
 method as the kernel bench: a CUDA graph of calls with weights rotated past the L2).
-Usage: python bench/probes/gemm_tm.py OUT_DIR [token counts, default 64]"""
+Usage: python bench/probes/gemm_tm.py OUT_DIR [token counts, default 64]
+Environment: TM_STAGES / TM_TSTAGES (weight / token ring depths, default 2,4,6,8 / 4,8; deeper than the planner's cap
+lifts it for this run), TM_LAYERS (layer name prefixes, default all), TM_PDL (1,0: with and without PDL)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -21,15 +24,23 @@ def main() -> None:
     ms = [int(m) for m in sys.argv[2].split(",")] if len(sys.argv) > 2 else [64]
     kernels.warmup(torch.device("cuda"))
     sms = kernels._sm_count(0)
+    stages = [int(v) for v in os.environ.get("TM_STAGES", "2,4,6,8").split(",")]
+    tstages = [int(v) for v in os.environ.get("TM_TSTAGES", "4,8").split(",")]
+    layers = os.environ.get("TM_LAYERS", "").split(",")
+    pdls = [v == "1" for v in os.environ.get("TM_PDL", "1,0").split(",")]
+    gemm_plan = importlib.import_module("rtts.kernels.gemm_plan")  # the package's gemm_plan name is a function
+    gemm_plan._TM_MAX_STAGES = max(gemm_plan._TM_MAX_STAGES, *stages)
     res: dict[str, float] = {}
     for name, N, K in S2_GEMMS:
+        if not any(name.startswith(x) for x in layers):
+            continue
         R, packed = packed_weights(N, K)
         for M in ms:
             xq, sx = kernels.quantize_1x128(torch.randn(M, K, device="cuda", dtype=torch.bfloat16))
             plans = {"stream-K": kernels._plan(M, N, K, 0, cluster=1, rows=64)}
             for split in (1, 2):
-                for ts in (4, 8):
-                    for st in (2, 4, 6, 8):
+                for ts in tstages:
+                    for st in stages:
                         try:
                             p = kernels.wgmma_tm_plan(M, N, K, sms, st, split, ts)
                         except ValueError:
@@ -37,7 +48,7 @@ def main() -> None:
                         if p.grid == sms:
                             plans[f"tm wn={p.rows} S={split} ts={ts} st={p.stages} grid={p.grid}"] = p
             for label, plan in plans.items():
-                for pdl in (True, False):
+                for pdl in pdls:
                     os.environ.pop("RTTS_NO_PDL", None) if pdl else os.environ.update(RTTS_NO_PDL="1")
                     us = time_plan(plan, xq, sx, packed, R)
                     key = f"{name} M={M} {label} pdl={int(pdl)}"

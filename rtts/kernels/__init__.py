@@ -40,6 +40,7 @@ from rtts.kernels.gemm_plan import (  # noqa: F401  (re-exported: tests, benchma
     WgmmaPlan,
     _wgmma_instance,
     gemm_plan,
+    prefer_token_major,
     wgmma64_plan,
     wgmma64_smem_bytes,
     wgmma_plan,
@@ -314,16 +315,20 @@ def _cluster_capacity(device_index: int) -> tuple[int, ...] | None:
 def _plan(M: int, N: int, K: int, device_index: int, stages: int | None = None,
           cluster: int | None = None, rows: int | None = None) -> WgmmaPlan:
     """The plan launched: `cluster` / `rows` forced by the caller or RTTS_GEMM_CLUSTER / RTTS_GEMM_ROWS, else the
-    planner's choice: the 64-row kernel for more than 16 tokens (where the driver encodes tensor maps), unless a
+    planner's choice for more than 16 tokens (where the driver encodes tensor maps): the token-major kernel where
+    it has a plan and RTTS_GEMM_TM allows it (gemm_plan.prefer_token_major), else the 64-row kernel, unless a
     cluster split is forced (only the 128-row kernel has one)."""
     if cluster is None:
         cluster = env.gemm_cluster()
     if rows is None:
         rows = env.gemm_rows()
     sms = _sm_count(device_index)
-    if cluster is None and rows is None and _LEAN_NT < M and env.gemm_token_major() and _tensor_maps():
+    tm = env.gemm_token_major()
+    if cluster is None and rows is None and _LEAN_NT < M and tm is not False and _tensor_maps():
         try:
-            return wgmma_tm_plan(M, N, K, sms, stages)
+            plan = wgmma_tm_plan(M, N, K, sms, stages)
+            if tm or prefer_token_major(plan, M):
+                return plan
         except ValueError:
             pass  # the layer does not cut into one tile per SM: stream-K below
     if _rows64(M, cluster, rows):
@@ -695,7 +700,7 @@ def warmup(device: torch.device) -> None:
             _jit.set_dynamic_smem(_jit.function("fp8_gemm_wgmma.cu", inst, _WGMMA_INSTANCES), _SMEM_LIMIT)
         for inst in _H_INSTANCES:
             _jit.set_dynamic_smem(_jit.function("fp8_gemm_wgmma64.cu", inst, _H_INSTANCES), _SMEM_PAIR_LIMIT)
-        for inst in _TM_INSTANCES if env.gemm_token_major() else ():  # planned only then (an experiment)
+        for inst in _TM_INSTANCES if env.gemm_token_major() is not False else ():
             _jit.set_dynamic_smem(_jit.function("fp8_gemm_wgmma_tm.cu", inst, _TM_INSTANCES), _SMEM_PAIR_LIMIT)
         _cluster_capacity(_index(device))
     _streamk(device, _sm_count(_index(device)))

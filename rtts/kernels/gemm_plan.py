@@ -100,6 +100,9 @@ _TM_MAX_STAGES = 8
 # SM, PDL chain), wqkv (20 per CTA) and wo (16) ran faster than stream-K (64 tokens: 9.4 -> 7.4, 7.9 -> 6.8 us) and
 # w2 (38) slower (12.5 -> 14.1).
 _TM_MAX_ITERS = 24
+# Cluster-pair (S = 2) plans are preferred only above this many tokens: at 17 and 32 tokens wo measured 6.2 / 6.4 us
+# on stream-K against 6.4 / 6.5 token-major (H200, session 13); at 64, 7.8 against 6.5.
+_TM_PAIR_MIN_M = 33
 _TM_INSTANCES = tuple(f"fp8_gemm_wgmma_tm<{nt},{wn},{s}>" for nt in _TM_NT for wn in _TM_WN for s in (1, 2))
 
 
@@ -294,6 +297,12 @@ def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, s
     if st < _MIN_STAGES or ts < _MIN_STAGES:  # the ring holds a warpgroup's total after the loop (two stages)
         raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}: no room for two stages of each ring")
     return WgmmaPlan(nt, st, T * s, wgmma_tm_smem_bytes(w, st, ts, iters), s, iters, w, ts, 0, True)
+
+
+def prefer_token_major(plan: WgmmaPlan, M: int) -> bool:
+    """Whether the planner runs a token-major plan (wgmma_tm_plan's) for M tokens rather than stream-K: whole-K
+    plans always, cluster pairs from _TM_PAIR_MIN_M tokens."""
+    return plan.cluster == 1 or M >= _TM_PAIR_MIN_M
 
 
 def gemm_plan(M: int, N: int, K: int) -> tuple[int, int, int, int]:
