@@ -1,10 +1,11 @@
-// Block-scaled FP8 GEMM for decode batches of 17-64 tokens on Hopper (wgmma), tokens as the MMA's M side, with the
+// Block-scaled FP8 GEMM for decode batches of up to 64 tokens on Hopper (wgmma), tokens as the MMA's M side, with the
 // operands of fp8_gemm_wgmma.cu (packed weights [N/128][K/128][128 rows][128 bytes], 1x128 token scales
 // sx[K/128, Mp], 128x128 weight scales sw[N/128, K/128], y bf16 [M, N]).
 //
-// Status (session 12): an experiment, planned only under RTTS_GEMM_TM=1 (rtts/env.py says what is left to decide).
-// On one H200 in a PDL chain of calls it took wqkv at 64 tokens from 9.4 to 7.4 us and wo from 7.9 to 6.8, and was
-// slower than stream-K for w2 (hence gemm_plan._TM_MAX_ITERS); bench/results/traces/README.md has every run.
+// Where it runs (gemm_plan.prefer_token_major): layers that cut into one tile per SM, whole-K tiles from 9 tokens,
+// cluster pairs from 33 (RTTS_GEMM_TM=0 / 1: never / wherever it has a plan). On one H200 in a PDL chain of calls
+// (session 13) wqkv took 6.5-6.9 us at 16-64 tokens (stream-K: 6.8-9.3) and wo 6.5 at 64 (7.8); it is slower than
+// stream-K for w2 (hence gemm_plan._TM_MAX_ITERS). bench/results/traces/README.md has every run.
 //
 // Why a third kernel: the swap-AB kernels put weight rows on the wgmma M side (64 per warpgroup), so a layer of N rows
 // has N/64 or N/128 tiles, too few to give every SM one whole tile, and their stream-K split leaves most tiles in

@@ -60,11 +60,10 @@ def gemm_tma_tokens() -> bool:
 
 
 def gemm_token_major() -> bool | None:
-    """RTTS_GEMM_TM: which 17-64 token GEMMs run the token-major kernel (cuda/fp8_gemm_wgmma_tm.cu) instead of the
-    64-row stream-K kernel. Unset: the planner's choice (every layer it has a plan for, except cluster-pair plans
-    at 32 tokens or fewer, where stream-K measured faster: gemm_plan.prefer_token_major); 1: wherever it has a plan
-    (comparison, tests); 0: never. Measured on the H200 (session 13, bench/results): wqkv 64 tokens 9.3 -> 6.8 us,
-    wo 64 7.8 -> 6.5."""
+    """RTTS_GEMM_TM: which GEMMs of at most 64 tokens run the token-major kernel (cuda/fp8_gemm_wgmma_tm.cu) instead
+    of the stream-K kernels. Unset: the planner's choice (gemm_plan.prefer_token_major: whole-K plans from 9 tokens,
+    cluster pairs from 33, where each measured faster); 1: wherever it has a plan (comparison, tests); 0: never.
+    Measured on the H200 (session 13, bench/results): wqkv 64 tokens 9.3 -> 6.8 us, wo 64 7.8 -> 6.5."""
     v = os.environ.get("RTTS_GEMM_TM", "").strip()
     if v not in ("", "0", "1"):
         raise ValueError(f"RTTS_GEMM_TM must be 0 or 1, got {v!r}")

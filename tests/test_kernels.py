@@ -281,8 +281,8 @@ def test_tma_token_setting(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_token_major_setting_and_preference(monkeypatch: pytest.MonkeyPatch) -> None:
     """RTTS_GEMM_TM: unset leaves the choice to the planner (None), 1 forces the token-major kernel wherever it has a
-    plan, 0 turns it off, anything else is an error. The planner takes whole-K token-major plans at any 17-64 token
-    count and cluster-pair plans only above 32 tokens (where they measured faster than stream-K)."""
+    plan, 0 turns it off, anything else is an error. The planner takes whole-K token-major plans from 9 tokens and
+    cluster-pair plans from 33 (where each measured faster than the stream-K kernels)."""
     from rtts import env
 
     monkeypatch.delenv("RTTS_GEMM_TM", raising=False)
@@ -293,10 +293,10 @@ def test_token_major_setting_and_preference(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("RTTS_GEMM_TM", "on")
     with pytest.raises(ValueError, match="RTTS_GEMM_TM"):
         env.gemm_token_major()
-    for M in (17, 32, 33, 64):
+    for M in (1, 8, 9, 16, 17, 32, 33, 64):
         wqkv, wo = kernels.wgmma_tm_plan(M, 6144, 2560, sms=132), kernels.wgmma_tm_plan(M, 2560, 4096, sms=132)
-        assert (wqkv.cluster, wo.cluster) == (1, 2)
-        assert kernels.prefer_token_major(wqkv, M) and kernels.prefer_token_major(wo, M) == (M > 32)
+        assert (wqkv.cluster, wo.cluster) == (1, 2) and wqkv.nt == wo.nt == (32 if M <= 32 else 64)
+        assert kernels.prefer_token_major(wqkv, M) == (M > 8) and kernels.prefer_token_major(wo, M) == (M > 32)
 
 
 def test_lean_plans_prefetch_at_most_half_a_range() -> None:
@@ -338,7 +338,7 @@ def test_wgmma_tm_plan_cuts_whole_tiles_per_sm() -> None:
         # 32 K blocks: whole-K tiles would stream too many, so the (equally cheap) split in two is the plan
         p = kernels.wgmma_tm_plan(M, 2048, 4096, sms=132)
         assert (p.cluster, p.iters) == (2, 16)
-    for M in (16, 65, 128):
+    for M in (0, 65, 128):
         with pytest.raises(ValueError):
             kernels.wgmma_tm_plan(M, 6144, 2560, sms=132)
     forced = kernels.wgmma_tm_plan(64, 480, 2560, sms=132, split=1)  # forced: fewer tiles than SMs allowed
@@ -544,6 +544,8 @@ def test_fp8_gemm_both_tile_heights(rows: int, M: int, N: int, K: int) -> None:
 @GPU
 @pytest.mark.parametrize("M,N,K,sms,split,stages", [
     (17, 1280, 640, 32, 1, None),   # 40-row tiles, tile 3 crossing a packed block (rows 120-159)
+    (1, 6144, 2560, 132, 1, None),   # one token (31 zero-filled rows of the 32-row tile)
+    (12, 6144, 2560, 132, 1, None),  # wqkv's plan at 9-16 tokens
     (33, 6144, 2560, 132, 1, None),  # wqkv's plan: 40- and 48-row tiles, some crossing
     (64, 2560, 4096, 132, 2, None),  # wo's: cluster pairs over half of K each, 32- and 40-row tiles
     (40, 2560, 9728, 132, 2, 2),     # w2's, with a two-stage ring (19 passes around it)
@@ -593,6 +595,7 @@ def test_fp8_gemm_lean_tma_tokens_give_the_same_bits(monkeypatch: pytest.MonkeyP
     wq, sw = ref.quantize_weight(w)
     xq, sx = ref.quantize_1x128(x)
     wp = kernels.pack_weight(wq)
+    monkeypatch.setenv("RTTS_GEMM_TM", "0")  # wqkv at 9-16 tokens would plan the token-major kernel
     assert kernels._plan(M, N, K, 0).rows == 128
     monkeypatch.setenv("RTTS_GEMM_TMA_TOKENS", "0")
     want = kernels.fp8_gemm(xq, sx, wp, sw)

@@ -37,7 +37,8 @@ def main() -> None:
         R, packed = packed_weights(N, K)
         for M in ms:
             xq, sx = kernels.quantize_1x128(torch.randn(M, K, device="cuda", dtype=torch.bfloat16))
-            plans = {"stream-K": kernels._plan(M, N, K, 0, cluster=1, rows=64)}
+            stream_k = kernels._plan(M, N, K, 0, cluster=1, rows=64) if M > 16 else kernels._plan(M, N, K, 0, cluster=1)
+            plans = {"stream-K": stream_k}
             for split in (1, 2):
                 for ts in tstages:
                     for st in stages:

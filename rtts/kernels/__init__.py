@@ -33,6 +33,7 @@ from rtts.kernels.gemm_plan import (  # noqa: F401  (re-exported: tests, benchma
     _SMS,
     _TILE_ROWS,
     _TM_INSTANCES,
+    _TM_NT,
     _TM_THREADS,
     _WGMMA_INSTANCES,
     _WGMMA_NT,
@@ -315,16 +316,16 @@ def _cluster_capacity(device_index: int) -> tuple[int, ...] | None:
 def _plan(M: int, N: int, K: int, device_index: int, stages: int | None = None,
           cluster: int | None = None, rows: int | None = None) -> WgmmaPlan:
     """The plan launched: `cluster` / `rows` forced by the caller or RTTS_GEMM_CLUSTER / RTTS_GEMM_ROWS, else the
-    planner's choice for more than 16 tokens (where the driver encodes tensor maps): the token-major kernel where
-    it has a plan and RTTS_GEMM_TM allows it (gemm_plan.prefer_token_major), else the 64-row kernel, unless a
-    cluster split is forced (only the 128-row kernel has one)."""
+    planner's choice (where the driver encodes tensor maps): the token-major kernel where it has a plan and
+    RTTS_GEMM_TM allows it (gemm_plan.prefer_token_major: from 9 tokens), else the 64-row kernel for more than 16
+    tokens, unless a cluster split is forced (only the 128-row kernel has one)."""
     if cluster is None:
         cluster = env.gemm_cluster()
     if rows is None:
         rows = env.gemm_rows()
     sms = _sm_count(device_index)
     tm = env.gemm_token_major()
-    if cluster is None and rows is None and _LEAN_NT < M and tm is not False and _tensor_maps():
+    if cluster is None and rows is None and M <= _TM_NT[-1] and tm is not False and _tensor_maps():
         try:
             plan = wgmma_tm_plan(M, N, K, sms, stages)
             if tm or prefer_token_major(plan, M):

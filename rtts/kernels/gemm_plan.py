@@ -100,8 +100,11 @@ _TM_MAX_STAGES = 8
 # SM, PDL chain), wqkv (20 per CTA) and wo (16) ran faster than stream-K (64 tokens: 9.4 -> 7.4, 7.9 -> 6.8 us) and
 # w2 (38) slower (12.5 -> 14.1).
 _TM_MAX_ITERS = 24
-# Cluster-pair (S = 2) plans are preferred only above this many tokens: at 17 and 32 tokens wo measured 6.2 / 6.4 us
-# on stream-K against 6.4 / 6.5 token-major (H200, session 13); at 64, 7.8 against 6.5.
+# Where the planner prefers token-major plans to stream-K (H200, PDL chain, session 13, bench/results/traces):
+# whole-K plans from 9 tokens (wqkv 16 tokens 6.5 us against the lean kernel's 6.8; at 8 tokens 6.55 against 6.47,
+# at 1 7.4 against 6.5), cluster pairs from 33 (wo 17 / 32 tokens 6.4 / 6.5 against stream-K's 6.2 / 6.4; 64: 6.5
+# against 7.8).
+_TM_WHOLE_MIN_M = 9
 _TM_PAIR_MIN_M = 33
 _TM_INSTANCES = tuple(f"fp8_gemm_wgmma_tm<{nt},{wn},{s}>" for nt in _TM_NT for wn in _TM_WN for s in (1, 2))
 
@@ -262,15 +265,16 @@ def wgmma_tm_smem_bytes(wn: int, stages: int, tstages: int, iters: int) -> int:
 @functools.cache
 def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, split: int | None = None,
                   tstages: int | None = None) -> WgmmaPlan:
-    """The token-major kernel's plan for 17-64 tokens: one CTA per SM (the kernel says why), as T = sms / S tiles of
-    whole 8-row groups over all of K (S = 1) or in cluster pairs over half of it each (S = 2, K/128 even): the S with
-    the fewer weight bytes on the busiest CTA (ties: no split), its widest tile rounded up to a compiled width
-    (_TM_WN); only splits whose tiles fill every SM, and at most _TM_MAX_ITERS K blocks per CTA (`split` forces S and
-    skips both checks: tests, probes; `sms` below the GPU's gives fewer, wider tiles). _TM_TOKEN_STAGES token stages
-    (`tstages` replaces it) and as many weight stages as the rest of half an SM's shared memory holds, up to
-    _TM_MAX_STAGES (`stages` lowers them); both even, at least two. Raises ValueError where nothing qualifies: the
+    """The token-major kernel's plan for 1-64 tokens (prefer_token_major says where it runs): one CTA per SM (the
+    kernel says why), as T = sms / S tiles of whole 8-row groups over all of K (S = 1) or in cluster pairs over half
+    of it each (S = 2, K/128 even): the S with the fewer weight bytes on the busiest CTA (ties: no split), its widest
+    tile rounded up to a compiled width (_TM_WN); only splits whose tiles fill every SM, and at most _TM_MAX_ITERS K
+    blocks per CTA (`split` forces S and skips both checks: tests, probes; `sms` below the GPU's gives fewer, wider
+    tiles). _TM_TOKEN_STAGES token stages (`tstages` replaces it) and as many weight stages as the rest of half an
+    SM's shared memory holds, up to _TM_MAX_STAGES (`stages` lowers them); both even, at least two. Raises
+    ValueError where nothing qualifies: the
     caller plans another kernel."""
-    if not _H_NT[0] // 2 < M <= _TM_NT[-1] or N % 8 or K % 128:
+    if not 0 < M <= _TM_NT[-1] or N % 8 or K % 128:
         raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}")
     nt = next(n for n in _TM_NT if n >= M)
     KB, G = K // 128, N // 8
@@ -301,8 +305,8 @@ def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, s
 
 def prefer_token_major(plan: WgmmaPlan, M: int) -> bool:
     """Whether the planner runs a token-major plan (wgmma_tm_plan's) for M tokens rather than stream-K: whole-K
-    plans always, cluster pairs from _TM_PAIR_MIN_M tokens."""
-    return plan.cluster == 1 or M >= _TM_PAIR_MIN_M
+    plans from _TM_WHOLE_MIN_M tokens, cluster pairs from _TM_PAIR_MIN_M."""
+    return M >= (_TM_WHOLE_MIN_M if plan.cluster == 1 else _TM_PAIR_MIN_M)
 
 
 def gemm_plan(M: int, N: int, K: int) -> tuple[int, int, int, int]:
