@@ -123,7 +123,8 @@ def voice_references(voice: Voice, speaker: int = 0) -> list[Reference]:
 def output_spec(req: TTSRequest) -> OutputSpec:
     """The audio the request asks for, validated (AudioFormatError names an unsupported value)."""
     return OutputSpec(format=req.format, sample_rate=req.sample_rate, mp3_bitrate=req.mp3_bitrate,
-                      opus_bitrate=req.opus_bitrate, speed=req.prosody.speed, volume_db=req.prosody.volume).validated()
+                      opus_bitrate=req.opus_bitrate, speed=req.prosody.speed, volume_db=req.prosody.volume,
+                      normalize_loudness=req.prosody.normalize_loudness).validated()
 
 
 def sampling_params(req: TTSRequest, model_format: str) -> SamplingParams:

@@ -2,7 +2,8 @@
 
 Pipeline per push (all stateful, so any chunking of the input gives the same byte stream):
 
-    float32 @ input_rate -> time-stretch (prosody.speed) -> soxr stream resample -> gain (prosody.volume) -> clip
+    float32 @ input_rate -> loudness normalization (prosody.normalize_loudness, rtts/audio/loudness.py)
+        -> time-stretch (prosody.speed) -> soxr stream resample -> gain (prosody.volume) -> clip
         -> pcm s16le | wav (44-byte streaming header + s16le) | G.711 mu-law | MP3 (LAME) | Ogg Opus
 
 MP3 and Ogg Opus are encoded by libsndfile (through soundfile) writing into an in-memory file object; every push
@@ -20,6 +21,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from rtts.audio.loudness import LoudnessNormalizer
 from rtts.audio.stretch import TimeStretcher
 
 FORMATS = ("pcm", "wav", "mp3", "opus", "mulaw")
@@ -108,6 +110,7 @@ class OutputSpec:
     opus_bitrate: int = OPUS_AUTO  # -1000 auto; (0, 1000) kbps; larger bps
     speed: float = 1.0  # prosody.speed: tempo without pitch change
     volume_db: float = 0.0  # prosody.volume
+    normalize_loudness: bool = False  # prosody.normalize_loudness (requests default to true; this class to false)
 
     def validated(self) -> OutputSpec:
         """Resolve defaults and normalise units (opus_bitrate -> bps); raise AudioFormatError on anything else."""
@@ -433,6 +436,7 @@ class StreamEncoder:
         self.input_rate = int(input_rate)
         self.output_rate = self.spec.rate
         self.samples_out = 0  # output samples (at output_rate) handed to the format so far
+        self.loudness = LoudnessNormalizer(self.input_rate) if self.spec.normalize_loudness else None
         gain = 10.0 ** (self.spec.volume_db / 20.0)
         self._st = _Stages(self._new_stretcher(), self._new_resampler(), gain, _make_sink(self.spec, ogg_serial))
 
@@ -444,6 +448,8 @@ class StreamEncoder:
         """Mono float32 at input_rate, any length; returns the encoded bytes ready now (possibly b"")."""
         st = self._check_open()
         x = _as_mono(pcm)
+        if self.loudness is not None:  # no delay: it needs no draining at a flush
+            x = self.loudness.push(x)
         if st.stretch is not None:
             x = st.stretch.push(x)
         if st.resampler is not None and x.size:

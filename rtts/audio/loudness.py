@@ -1,0 +1,164 @@
+"""Streaming loudness normalization (`prosody.normalize_loudness`): a causal gain control toward a target loudness.
+
+The audio is sent while it is generated, so there is no look-ahead: the gain for a sample depends only on audio
+before it. Loudness is measured as ITU-R BS.1770 does (K-weighted mean square over 400 ms blocks, in LUFS), every
+100 ms at fixed positions of the stream (the mean of the last four 100 ms hops' K-weighted powers, each from one
+FFT), so any chunking of the input gives the same output:
+
+- blocks quieter than -50 LUFS (pauses) or 20 LU below the running estimate (breaths, tails), or whose newest hop is,
+  leave it unchanged;
+- the estimate is the mean power of the first second of measured speech, then a 3 s exponential average;
+- the gain goes toward TARGET_LUFS - estimate (within +-MAX_GAIN_DB) at a bounded rate, ramped linearly within each
+  100 ms hop: 3 dB per hop while the estimate is younger than a second, 0.6 dB per hop after;
+- samples above 0.9 go through a soft clipper (never past 1.0) instead of the encoder's hard clip.
+
+Each session starts from unity gain: a session's audio never depends on what came before it (tests/test_server.py
+holds the server to that), so no loudness is remembered across sessions. The first ~100 ms of a session are at the
+model's own level, and a voice far from the target reaches it within a few hundred ms.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+TARGET_LUFS = -20.0  # speech peaks ~15-18 dB above its loudness: below full scale without a limiter
+MAX_GAIN_DB = 15.0
+GATE_LUFS = -50.0
+RELATIVE_GATE_LU = 20.0
+HOP_SECONDS = 0.1
+WINDOW_HOPS = 4  # 400 ms blocks (BS.1770 momentary loudness)
+YOUNG_SECONDS = 1.0  # measured speech before the estimate settles
+TAU_SECONDS = 3.0
+SLEW_YOUNG_DB = 3.0  # per hop
+SLEW_DB = 0.6
+KNEE = 0.9  # soft clip above this magnitude
+
+
+def _k_weighting_power(rate: int, n: int) -> np.ndarray:
+    """|H(f)|^2 of BS.1770's K-weighting (a +4 dB high shelf above ~1.7 kHz and a ~38 Hz high-pass), both biquads
+    designed for `rate`, at the n // 2 + 1 bins of an n-point real FFT."""
+    z = np.exp(-2j * np.pi * np.arange(n // 2 + 1) / n)  # e^{-jw} at the FFT's bins
+
+    def biquad_power(b: tuple[float, float, float], a: tuple[float, float, float]) -> np.ndarray:
+        return np.abs((b[0] + b[1] * z + b[2] * z * z) / (a[0] + a[1] * z + a[2] * z * z)) ** 2
+
+    # The two stages in the bilinear form that reproduces BS.1770's 48 kHz coefficients at any rate: a high shelf
+    # (f0 1681.97 Hz, +4 dB, Q 0.7072) and a high-pass (f0 38.14 Hz, Q 0.5003).
+    k = math.tan(math.pi * 1681.974450955533 / rate)
+    q, vh = 0.7071752369554196, 10 ** (3.999843853973347 / 20)
+    vb = vh ** 0.4996667741545416
+    shelf = biquad_power((vh + vb * k / q + k * k, 2 * (k * k - vh), vh - vb * k / q + k * k),
+                         (1 + k / q + k * k, 2 * (k * k - 1), 1 - k / q + k * k))
+    k, q = math.tan(math.pi * 38.13547087602444 / rate), 0.5003270373238773
+    a0 = 1 + k / q + k * k  # the standard's high-pass numerator is 1, -2, 1 against the normalized denominator
+    highpass = biquad_power((1.0, -2.0, 1.0), (1.0, 2 * (k * k - 1) / a0, (1 - k / q + k * k) / a0))
+    return shelf * highpass
+
+
+def weighted_power(x: np.ndarray, weights: np.ndarray) -> float:
+    """K-weighted mean square of x (len(x) == n of the weights), from its FFT (Parseval): every bin but DC counts
+    twice in a real FFT, except the Nyquist bin of an even length."""
+    n = x.size
+    spec = np.abs(np.fft.rfft(x.astype(np.float64))) ** 2 * weights
+    total = 2 * spec.sum() - spec[0] - (spec[-1] if n % 2 == 0 else 0.0)
+    return float(total) / (n * n)
+
+
+def lufs_of(power: float) -> float:
+    return -0.691 + 10 * math.log10(max(power, 1e-20))
+
+
+@dataclass
+class _Estimate:
+    power: float = 0.0  # K-weighted mean square
+    seconds: float = 0.0  # measured (gated) audio behind it
+
+    @property
+    def lufs(self) -> float | None:
+        return lufs_of(self.power) if self.seconds > 0 and self.power > 0 else None
+
+
+class LoudnessNormalizer:
+    """Gain toward TARGET_LUFS for one mono float32 stream at `rate`; push() returns as many samples as it gets.
+    `initial_lufs`: a loudness known in advance to start from, settled (None: unity gain until measured)."""
+
+    def __init__(self, rate: int, initial_lufs: float | None = None, target_lufs: float = TARGET_LUFS) -> None:
+        self.rate, self.target = int(rate), float(target_lufs)
+        self.hop = max(1, round(HOP_SECONDS * self.rate))
+        self._weights = _k_weighting_power(self.rate, self.hop)
+        self._hop_buf = np.zeros(self.hop, np.float32)  # the current hop's input so far
+        self._powers: list[float] = []  # K-weighted mean square of the last WINDOW_HOPS hops (a 400 ms block)
+        self._est = _Estimate()
+        self._gain_start = self._gain_end = 0.0  # dB at the current hop's first sample and after its last
+        if initial_lufs is not None and math.isfinite(initial_lufs):
+            self._est = _Estimate(10 ** ((initial_lufs + 0.691) / 10), YOUNG_SECONDS)
+            self._gain_start = self._gain_end = self._target_gain()
+        self._pos = 0  # samples of the current hop already passed
+
+    @property
+    def lufs(self) -> float | None:
+        """The running loudness estimate (None before any audio above the gates)."""
+        return self._est.lufs
+
+    @property
+    def gain_db(self) -> float:
+        return self._gain_end
+
+    def push(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float32)
+        out = np.empty_like(x)
+        i = 0
+        while i < x.size:
+            take = min(x.size - i, self.hop - self._pos)
+            # Ramp from the hop's start gain to its end gain by absolute position within the hop.
+            steps = np.arange(self._pos + 1, self._pos + take + 1, dtype=np.float64) / self.hop
+            gain_db = self._gain_start + (self._gain_end - self._gain_start) * steps
+            out[i:i + take] = x[i:i + take] * np.power(10.0, gain_db / 20.0).astype(np.float32)
+            self._hop_buf[self._pos:self._pos + take] = x[i:i + take]
+            self._pos += take
+            i += take
+            if self._pos == self.hop:
+                self._pos = 0
+                self._measure()
+        return soft_clip(out)
+
+    def _measure(self) -> None:
+        """End of a hop: update the estimate from the last block and set the next hop's gain ramp."""
+        newest = weighted_power(self._hop_buf, self._weights)
+        self._powers = (self._powers + [newest])[-WINDOW_HOPS:]
+        level = lufs_of(sum(self._powers) / len(self._powers))
+        est = self._est.lufs
+        # Both the block and its newest hop pass the gates: the blocks that straddle the start of a pause (speech
+        # still in their older hops) would otherwise pull the estimate down at every pause.
+        floor = GATE_LUFS if est is None else max(GATE_LUFS, est - RELATIVE_GATE_LU)
+        if level >= floor and lufs_of(newest) >= floor:
+            power, hop_s = 10 ** ((level + 0.691) / 10), self.hop / self.rate
+            if self._est.seconds < YOUNG_SECONDS:  # the mean of the first second of speech
+                total = self._est.seconds + hop_s
+                self._est.power = (self._est.power * self._est.seconds + power * hop_s) / total
+            else:
+                self._est.power += (power - self._est.power) * hop_s / TAU_SECONDS
+            self._est.seconds += hop_s
+        self._gain_start = self._gain_end
+        if self._est.lufs is not None:
+            slew = SLEW_YOUNG_DB if self._est.seconds < YOUNG_SECONDS else SLEW_DB
+            self._gain_end += min(max(self._target_gain() - self._gain_end, -slew), slew)
+
+    def _target_gain(self) -> float:
+        lufs = self._est.lufs
+        return 0.0 if lufs is None else min(max(self.target - lufs, -MAX_GAIN_DB), MAX_GAIN_DB)
+
+
+def soft_clip(x: np.ndarray) -> np.ndarray:
+    """Identity up to KNEE, then a tanh knee that approaches 1.0 (continuous, with a continuous slope)."""
+    mag = np.abs(x)
+    over = mag > KNEE
+    if not over.any():
+        return x
+    y = x.copy()
+    room = 1.0 - KNEE
+    y[over] = np.sign(x[over]) * (KNEE + room * np.tanh((mag[over] - KNEE) / room))
+    return y
