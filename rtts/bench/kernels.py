@@ -368,8 +368,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = ["## FP8 GEMM (slow and fast transformer linears; N x K)", "",
             "rtts fp8 GEMM = the kernel fp8_gemm dispatches to (wgmma on sm_90a; plan: weight rows per tile (128: "
             "fp8_gemm_wgmma, 64: fp8_gemm_wgmma64), global stream-K or clusters of N CTAs settled in distributed "
-            "shared memory, ring stages, CTAs); mma.sync = the portable kernel, "
-            "for comparison.", "",
+            "shared memory, ring stages, CTAs; token-major N cols, K/S: fp8_gemm_wgmma_tm, tiles of N weight rows "
+            "over all of K (S = 1) or half of it in cluster pairs (S = 2), one per SM); mma.sync = the portable "
+            "kernel, for comparison.", "",
             "| layer | N x K | M | torch bf16 us | torch _scaled_mm us | rtts fp8 GEMM us | plan | mma.sync us "
             "| + act quant us | TB/s (rtts) | TB/s (bf16) | speedup vs bf16 |", "|---" * 12 + "|"]
     gemm: list[dict[str, Any]] = []
