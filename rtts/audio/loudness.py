@@ -5,12 +5,16 @@ before it. Loudness is measured as ITU-R BS.1770 does (K-weighted mean square ov
 100 ms at fixed positions of the stream (the mean of the last four 100 ms hops' K-weighted powers, each from one
 FFT), so any chunking of the input gives the same output:
 
-- blocks quieter than -50 LUFS (pauses) or 20 LU below the running estimate (breaths, tails), or whose newest hop is,
-  leave it unchanged;
-- the estimate is the mean power of the first second of measured speech, then a 3 s exponential average;
+- a block counts when its newest hop is above -45 LUFS (pauses and near-silence at a turn's start don't), and is the
+  mean of its hops above that gate (a block straddling a pause measures the speech, not the speech and the pause);
+- the estimate is BS.1770's integrated loudness over the last HORIZON_HOPS counted blocks (5 s of speech): their
+  mean, then the mean of those within 10 LU of it. A loud burst or an early quiet stretch moves it only while it is
+  in the horizon and above the relative gate, never for the rest of the session;
 - the gain goes toward TARGET_LUFS - estimate (within +-MAX_GAIN_DB) at a bounded rate, ramped linearly within each
-  100 ms hop: 3 dB per hop while the estimate is younger than a second, 0.6 dB per hop after;
-- samples above 0.9 go through a soft clipper (never past 1.0) instead of the encoder's hard clip.
+  100 ms hop: 3 dB per hop for the first second of counted speech; after it 0.6 dB per hop up and 3 dB per hop down
+  (a voice that gets louder is corrected fast, one that gets quieter slowly);
+- samples above 0.9 go through a soft clipper (never past 1.0) instead of the encoder's hard clip. The meter reads the
+  input clipped to [-1, 1] with NaN as 0, so no sample value can poison it.
 
 Each session starts from unity gain: a session's audio never depends on what came before it (tests/test_server.py
 holds the server to that), so no loudness is remembered across sessions. The first ~100 ms of a session are at the
@@ -20,20 +24,21 @@ model's own level, and a voice far from the target reaches it within a few hundr
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import deque
 
 import numpy as np
 
 TARGET_LUFS = -20.0  # speech peaks ~15-18 dB above its loudness: below full scale without a limiter
 MAX_GAIN_DB = 15.0
-GATE_LUFS = -50.0
-RELATIVE_GATE_LU = 20.0
+GATE_LUFS = -45.0  # below: not speech (TTS output this quiet is silence, noise or a breath)
+RELATIVE_GATE_LU = 10.0  # BS.1770's relative gate
 HOP_SECONDS = 0.1
 WINDOW_HOPS = 4  # 400 ms blocks (BS.1770 momentary loudness)
-YOUNG_SECONDS = 1.0  # measured speech before the estimate settles
-TAU_SECONDS = 3.0
-SLEW_YOUNG_DB = 3.0  # per hop
-SLEW_DB = 0.6
+HORIZON_HOPS = 50  # counted blocks behind the estimate: 5 s of speech
+YOUNG_HOPS = 10  # counted blocks (1 s of speech) before the gain slows down
+SLEW_YOUNG_DB = 3.0  # per hop, either way, for the first second of speech
+SLEW_DB = 0.6  # per hop after it, upward (a slow rise: no pumping on quiet words)
+SLEW_DOWN_DB = 3.0  # per hop, downward at any time (too loud is corrected fast)
 KNEE = 0.9  # soft clip above this magnitude
 
 
@@ -71,16 +76,6 @@ def lufs_of(power: float) -> float:
     return -0.691 + 10 * math.log10(max(power, 1e-20))
 
 
-@dataclass
-class _Estimate:
-    power: float = 0.0  # K-weighted mean square
-    seconds: float = 0.0  # measured (gated) audio behind it
-
-    @property
-    def lufs(self) -> float | None:
-        return lufs_of(self.power) if self.seconds > 0 and self.power > 0 else None
-
-
 class LoudnessNormalizer:
     """Gain toward TARGET_LUFS for one mono float32 stream at `rate`; push() returns as many samples as it gets.
     `initial_lufs`: a loudness known in advance to start from, settled (None: unity gain until measured)."""
@@ -90,18 +85,21 @@ class LoudnessNormalizer:
         self.hop = max(1, round(HOP_SECONDS * self.rate))
         self._weights = _k_weighting_power(self.rate, self.hop)
         self._hop_buf = np.zeros(self.hop, np.float32)  # the current hop's input so far
-        self._powers: list[float] = []  # K-weighted mean square of the last WINDOW_HOPS hops (a 400 ms block)
-        self._est = _Estimate()
+        self._hops: deque[float] = deque(maxlen=WINDOW_HOPS)  # K-weighted mean squares of the last 400 ms
+        self._blocks: deque[float] = deque(maxlen=HORIZON_HOPS)  # counted blocks' powers
+        self._counted = 0  # blocks counted so far (the slew's clock)
+        self._est: float | None = None  # LUFS
         self._gain_start = self._gain_end = 0.0  # dB at the current hop's first sample and after its last
         if initial_lufs is not None and math.isfinite(initial_lufs):
-            self._est = _Estimate(10 ** ((initial_lufs + 0.691) / 10), YOUNG_SECONDS)
+            self._blocks.extend([10 ** ((initial_lufs + 0.691) / 10)] * YOUNG_HOPS)
+            self._counted, self._est = YOUNG_HOPS, float(initial_lufs)
             self._gain_start = self._gain_end = self._target_gain()
         self._pos = 0  # samples of the current hop already passed
 
     @property
     def lufs(self) -> float | None:
-        """The running loudness estimate (None before any audio above the gates)."""
-        return self._est.lufs
+        """The running loudness estimate (None before any audio above the gate)."""
+        return self._est
 
     @property
     def gain_db(self) -> float:
@@ -126,30 +124,24 @@ class LoudnessNormalizer:
         return soft_clip(out)
 
     def _measure(self) -> None:
-        """End of a hop: update the estimate from the last block and set the next hop's gain ramp."""
-        newest = weighted_power(self._hop_buf, self._weights)
-        self._powers = (self._powers + [newest])[-WINDOW_HOPS:]
-        level = lufs_of(sum(self._powers) / len(self._powers))
-        est = self._est.lufs
-        # Both the block and its newest hop pass the gates: the blocks that straddle the start of a pause (speech
-        # still in their older hops) would otherwise pull the estimate down at every pause.
-        floor = GATE_LUFS if est is None else max(GATE_LUFS, est - RELATIVE_GATE_LU)
-        if level >= floor and lufs_of(newest) >= floor:
-            power, hop_s = 10 ** ((level + 0.691) / 10), self.hop / self.rate
-            if self._est.seconds < YOUNG_SECONDS:  # the mean of the first second of speech
-                total = self._est.seconds + hop_s
-                self._est.power = (self._est.power * self._est.seconds + power * hop_s) / total
-            else:
-                self._est.power += (power - self._est.power) * hop_s / TAU_SECONDS
-            self._est.seconds += hop_s
+        """End of a hop: count its block if it is speech, re-estimate, and set the next hop's gain ramp."""
+        hop = np.clip(np.nan_to_num(self._hop_buf, nan=0.0), -1.0, 1.0)
+        self._hops.append(weighted_power(hop, self._weights))
+        if lufs_of(self._hops[-1]) >= GATE_LUFS:
+            speech = [p for p in self._hops if lufs_of(p) >= GATE_LUFS]
+            self._blocks.append(sum(speech) / len(speech))
+            self._counted += 1
+            mean = sum(self._blocks) / len(self._blocks)
+            kept = [p for p in self._blocks if lufs_of(p) >= lufs_of(mean) - RELATIVE_GATE_LU]
+            self._est = lufs_of(sum(kept) / len(kept))
         self._gain_start = self._gain_end
-        if self._est.lufs is not None:
-            slew = SLEW_YOUNG_DB if self._est.seconds < YOUNG_SECONDS else SLEW_DB
-            self._gain_end += min(max(self._target_gain() - self._gain_end, -slew), slew)
+        if self._est is not None:
+            up = SLEW_YOUNG_DB if self._counted <= YOUNG_HOPS else SLEW_DB
+            down = max(SLEW_YOUNG_DB, SLEW_DOWN_DB) if self._counted <= YOUNG_HOPS else SLEW_DOWN_DB
+            self._gain_end += min(max(self._target_gain() - self._gain_end, -down), up)
 
     def _target_gain(self) -> float:
-        lufs = self._est.lufs
-        return 0.0 if lufs is None else min(max(self.target - lufs, -MAX_GAIN_DB), MAX_GAIN_DB)
+        return 0.0 if self._est is None else min(max(self.target - self._est, -MAX_GAIN_DB), MAX_GAIN_DB)
 
 
 def soft_clip(x: np.ndarray) -> np.ndarray:
