@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rtts.audio.encode import OutputSpec, Rechunker, StreamEncoder, message_bytes_target
@@ -39,6 +40,14 @@ Alignment = Callable[..., dict[str, object]]  # formats the with-timestamp field
 # without limit (Pipecat: one session, text + flush for every sentence). A few ahead keep the stream busy: its turns
 # run one after another anyway, each conditioned on the one before.
 SUBMIT_AHEAD = 4
+# MP3 and Ogg Opus encoders keep the last ~60 ms of a turn (a partial codec frame, the encoder's look-ahead, an
+# unfinished Ogg page) until more audio comes, which after a `flush` may be the next reply, seconds later. When no
+# turn follows within TAIL_IDLE_SECONDS, the session pushes TAIL_PAD_SECONDS of silence to release it (measured:
+# 80 ms releases MP3's, 120 ms Opus's: tests/test_audio.py). No padding when more audio follows at once: its own
+# samples push the tail out.
+TAIL_IDLE_SECONDS = 0.1
+TAIL_PAD_SECONDS = 0.12
+HELD_TAIL_FORMATS = frozenset({"mp3", "opus"})
 
 
 class SessionError(Exception):
@@ -182,6 +191,7 @@ class Session:
         # the session's audio timeline and a cumulative alignment relative to that offset, which each event of the
         # chunk replaces.
         self.audio_seconds = 0.0  # the session's output timeline: where the next turn starts
+        self._tail_held = False  # the codec holds the end of the last turn (TAIL_IDLE_SECONDS)
         self._chunk: tuple[int, float, str, float] = (0, 0.0, "", 0.0)  # seq, offset, text, seconds so far
         self._turns_streamed = 0
         self.frames = 0
@@ -265,7 +275,7 @@ class Session:
     async def _send_loop(self) -> None:
         try:
             while True:
-                item = await self._turns.get()
+                item = await self._next_turn()
                 if item is None:
                     break
                 await self._stream_turn(*item)
@@ -282,8 +292,31 @@ class Session:
             log.exception("session failed")
             await self._finish("error", f"internal error: {e}")
 
+    async def _next_turn(self) -> tuple[Outbox, str, _Timing] | None:
+        """The next queued turn (None: the end marker). While the codec holds the last turn's end, wait for one
+        only TAIL_IDLE_SECONDS before releasing that end with silence."""
+        if self._tail_held:
+            try:
+                return await asyncio.wait_for(self._turns.get(), TAIL_IDLE_SECONDS)
+            except asyncio.TimeoutError:
+                await self._release_tail()
+        return await self._turns.get()
+
+    async def _release_tail(self) -> None:
+        """Silence through the encoder until the codec has emitted the last turn's end; it lengthens that turn's
+        audio (timeline and timestamps) by the silence's output duration."""
+        self._tail_held = False
+        pad = np.zeros(round(TAIL_PAD_SECONDS * self.encoder.input_rate), np.float32)
+        encoded = self.encoder.push(pad) + self.encoder.drain()
+        seconds = TAIL_PAD_SECONDS / self.spec.speed
+        seq, offset, text, turn_seconds = self._chunk
+        self._chunk = (seq, offset, text, turn_seconds + seconds)
+        self.audio_seconds += seconds
+        await self._emit(self.rechunker.push(encoded) + self.rechunker.flush(), content=text)
+
     async def _stream_turn(self, outbox: Outbox, text: str, timing: _Timing) -> None:
         start_s = self.audio_seconds
+        self._tail_held = False  # this turn's audio pushes the last one's end out of the codec
         seq, self._turns_streamed = self._turns_streamed, self._turns_streamed + 1
         turn_seconds = 0.0
         async for item in outbox:
@@ -309,6 +342,7 @@ class Session:
                 await self._emit(self.rechunker.push(self.encoder.drain()) + self.rechunker.flush(), content=text,
                                  timing=timing)
                 self.audio_seconds = start_s + turn_seconds
+                self._tail_held = self.spec.format in HELD_TAIL_FORMATS
 
     async def _emit(self, pieces: list[bytes], content: str, timing: _Timing | None = None) -> None:
         for audio in pieces:

@@ -398,3 +398,23 @@ def test_drain_releases_the_filter_tails_and_the_stream_goes_on(rate: int, speed
     assert abs(len(got) // 2 - want) <= 0.002 * want + 2, (len(got) // 2, want)
     more = enc.push(x) + enc.drain() + enc.finish()
     assert abs((len(got) + len(more)) // 2 - 2 * want) <= 0.004 * want + 4
+
+
+@pytest.mark.parametrize("fmt,rate", [("mp3", 44100), ("mp3", 32000), ("opus", 48000)])
+def test_silence_releases_what_a_compressed_codec_holds_at_a_flush(fmt: str, rate: int) -> None:
+    """After drain() an MP3 / Opus stream still holds the turn's last ~60 ms (a partial frame, the encoder's
+    look-ahead, an unfinished Ogg page); the session's TAIL_PAD_SECONDS of silence releases all of it."""
+    from rtts.session import TAIL_PAD_SECONDS
+
+    x = (0.3 * np.sin(2 * np.pi * 440 * np.arange(SR) / SR)).astype(np.float32)
+
+    def signal_end(data: bytes) -> float:
+        y, r = sf.read(io.BytesIO(data))
+        loud = np.flatnonzero(np.abs(y) > 0.05)
+        return (loud[-1] + 1) / r
+
+    enc = StreamEncoder(OutputSpec(fmt, rate), SR)
+    held = enc.push(x) + enc.drain()
+    assert signal_end(held) < 0.97  # without padding the end stays in the codec
+    released = held + enc.push(np.zeros(round(TAIL_PAD_SECONDS * SR), np.float32)) + enc.drain()
+    assert signal_end(released) >= 0.995

@@ -209,6 +209,33 @@ def test_socket_reuse(ws: ClientConnection) -> None:
     assert fin["reason"] == "stop" and c
 
 
+@pytest.mark.parametrize("fmt", ["mp3", "opus"])
+def test_flushed_turn_ends_without_waiting_for_more_audio(srv: LiveServer, fmt: str) -> None:
+    """MP3 / Opus after a `flush` with nothing following (a voice agent's last sentence before it listens): the
+    whole turn arrives without a `stop`, the codec's held end released with a little silence."""
+    rate = 44100 if fmt == "mp3" else 48000
+    with srv.connect() as ws:
+        pcm, _ = session(ws, ["One sentence, then the agent listens.", FLUSH], format="pcm", sample_rate=rate,
+                         **greedy(max_new_tokens=20))
+        ws.send(start_msg(format=fmt, sample_rate=rate, **greedy(max_new_tokens=20)))
+        ws.send(text_msg("One sentence, then the agent listens."))
+        ws.send(FLUSH)
+        data = b""
+        while True:  # everything that comes before the client goes quiet for a second
+            try:
+                ev = recv_event(ws, timeout=1.0)
+            except TimeoutError:
+                break
+            assert ev["event"] == "audio"
+            data += ev["audio"]
+        ws.send(STOP)
+        rest, fin = until_finish(ws)
+        assert fin["reason"] == "stop"
+    srv.wait_idle()
+    got, r = sf.read(io.BytesIO(data))  # what came before `stop` (MP3 frames and Ogg pages decode as a prefix)
+    assert r == rate and got.size >= s16(pcm).size, (got.size, s16(pcm).size)
+
+
 def test_reused_socket_session_equals_fresh_socket(srv: LiveServer) -> None:
     """A session's audio does not depend on what the socket said before: the second session on a socket (which
     reuses the stream and its prefilled voice) gives the same greedy PCM as the first."""
