@@ -2,7 +2,7 @@
 # How the GPU numbers in bench/results and latency_reports were produced (one H200, no internet).
 # Usage on the GPU machine, from the repository root:
 #   bench/run_h200.sh OUT_DIR [tests] [kernels] [layer] [sched] [fp8] [profile] [prefill] [pkernels] [codec] [pgraphs]
-#                     [ttfa] [tm]
+#                     [ttfa] [tm] [tmab]
 # (SCHED_CONC=1,16,64 picks the scheduler concurrencies, KERNEL_ARGS extra kernel-bench flags; RTTS_CODEC_GRAPHS=0 /
 # RTTS_PREFILL_GRAPHS=0 serve the ttfa step without codec / turn-prefill CUDA graphs, TTFA_NAME names its report,
 # TTFA_CONC / TTFA_MAX_RUNNING / TTFA_PREFILL_ROWS its concurrencies, server slots and prompts per prefill batch,
@@ -27,6 +27,8 @@ for step in "$@"; do
           RTTS_GEMM_TM=$v timeout 100 python3 -m rtts.bench kernels --sections gemm,mlp --m 17,32,64 --out "$OUT/tm$v" \
             2>&1 | grep "^|"
         done ;;
+    tmab) timeout 240 python3 bench/probes/gemm_tm_ablation.py "$OUT" 32,64 > "$OUT/tm-ablation.log" 2>&1  # where the
+          grep " us$" "$OUT/tm-ablation.log" ;;                 # token-major GEMM's time goes (variants, PDL chain)
     kernels) timeout 300 python3 -m rtts.bench kernels --out "$OUT" ${KERNEL_ARGS:-} 2>&1 | tail -40 ;;
     sched) timeout 200 python3 -m rtts.bench scheduler --preset s2-pro --concurrency ${SCHED_CONC:-1,4,16,64} --codec none \
              --seconds 5 --warmup 1.5 --out "$OUT" 2>&1 | grep -v "^Point" | tail -8 ;;

@@ -1,0 +1,94 @@
+"""Where the token-major GEMM's time goes in a PDL chain: variants of `cuda/fp8_gemm_wgmma_tm.cu` with one part taken
+out or moved, edited in memory (the repository file is untouched), each timed like the kernel bench (CUDA-graph
+replay of a chain of calls over weight copies rotated past the L2, programmatic dependent launch on).
+
+Variants (outputs are wrong in the ones marked *; only their time is read):
+  base            the kernel as committed
+  no_math*        consumers wait for each stage and release it, no MMA, no promotion: the streaming skeleton with
+                  the token ring, the sum and the store
+  no_promote*     MMAs but no FP32 promotion
+  tokens_early    the producer loads the first token stages before griddepcontrol.wait (the chain's tokens never
+                  change, so the output stays right): what loading tokens after the wait costs
+  trigger_late    dependents launch after this CTA's loop, not at its start: what the next GEMM's weight prefetch
+                  costs this one
+  no_store*       whole-K plans without the final store of the tile
+
+    python bench/probes/gemm_tm_ablation.py OUT [token counts, default 32,64]   # on the GPU machine
+
+Prints one line per variant, layer and token count, and writes OUT/gemm-tm-ablation.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from kernel_patch import gemm_source
+
+from rtts import kernels
+from rtts.bench.kernels import S2_GEMMS, packed_weights, time_plan
+from rtts.kernels import _jit
+
+KERNEL = "fp8_gemm_wgmma_tm.cu"
+MMA = "        tm_mma_block<WN, ACCS>(acc, tdesc + t * (TM_TOKEN_BYTES / 16), wdesc + s * (W_BYTES / 16));\n"
+PROMOTE = "        tm_promote<WN, ACCS>(total, acc, x0, x1, s_w[2 * j], s_w[2 * j + 1], split);\n"
+TOKENS = ("            pdl_wait();  // tokens and their scales were written by the kernel ahead\n"
+          "            for (int u = 0; u < tpre; ++u) load_tokens(u, kbeg + u);\n")
+TRIGGER = "    pdl_launch_dependents();\n    if (tid >= TM_CONSUMERS) {"
+AFTER_LOOP = "    // The tile's sum in a fixed order"
+STORE = "        if (wg == 0) tm_store<WN>(total, y, n0, wn, M, N);\n"
+VARIANTS: dict[str, list[tuple[str, str]]] = {
+    "base": [],
+    "no_math": [(MMA, ""), (PROMOTE, "")],
+    # one sum keeps every accumulator (and so every MMA) live without the promotion's work
+    "no_promote": [(PROMOTE, "        fence_regs(acc[0]);\n        fence_regs(acc[1]);\n"
+                             "        total[0] += acc[0][0] + acc[1][R - 1];\n")],
+    "tokens_early": [(TOKENS, "            for (int u = 0; u < tpre; ++u) load_tokens(u, kbeg + u);\n"
+                              "            pdl_wait();\n")],
+    "trigger_late": [(TRIGGER, "    if (tid >= TM_CONSUMERS) {"),
+                     (AFTER_LOOP, "    if (tid == 0) pdl_launch_dependents();\n" + AFTER_LOOP)],
+    "no_store": [(STORE, "")],
+}
+
+
+def main() -> None:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+    ms = [int(m) for m in sys.argv[2].split(",")] if len(sys.argv) > 2 else [32, 64]
+    dev = torch.device("cuda")
+    sms = kernels._sm_count(0)
+    original = _jit.source
+    cases = []
+    for name, N, K in S2_GEMMS:
+        R, packed = packed_weights(N, K)
+        for M in ms:
+            try:  # the planner's token-major plan, or w2's forced cluster-pair one
+                plan = kernels.wgmma_tm_plan(M, N, K, sms)
+            except ValueError:
+                try:
+                    plan = kernels.wgmma_tm_plan(M, N, K, sms, split=2)
+                except ValueError:
+                    continue
+            xq, sx = kernels.quantize_1x128(torch.randn(M, K, device=dev, dtype=torch.bfloat16))
+            cases.append((name, M, plan, xq, sx, packed, R))
+    res: dict[str, float] = {}
+    for variant, edits in VARIANTS.items():
+        _jit.source = gemm_source(edits, "gemm_tm_ablation.py", original=original, kernel=KERNEL)  # type: ignore
+        _jit._module.cache_clear()
+        _jit.function.cache_clear()
+        _jit._SMEM_SET.clear()
+        kernels.warmup(dev)
+        for name, M, plan, xq, sx, packed, R in cases:
+            if variant == "no_store" and plan.cluster != 1:
+                continue
+            us = time_plan(plan, xq, sx, packed, R)
+            key = f"{variant} {name} M={M} (wn={plan.rows} S={plan.cluster})"
+            res[key] = us
+            print(f"{key}: {us:.2f} us", flush=True)
+    _jit.source = original  # type: ignore[assignment]
+    (out / "gemm-tm-ablation.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
