@@ -17,7 +17,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from rtts.audio.encode import OutputSpec, Rechunker, StreamEncoder, message_bytes_target
@@ -40,14 +39,13 @@ Alignment = Callable[..., dict[str, object]]  # formats the with-timestamp field
 # without limit (Pipecat: one session, text + flush for every sentence). A few ahead keep the stream busy: its turns
 # run one after another anyway, each conditioned on the one before.
 SUBMIT_AHEAD = 4
-# MP3 and Ogg Opus encoders keep the last ~60 ms of a turn (a partial codec frame, the encoder's look-ahead, an
-# unfinished Ogg page) until more audio comes, which after a `flush` may be the next reply, seconds later. When no
-# turn follows within TAIL_IDLE_SECONDS, the session pushes TAIL_PAD_SECONDS of silence to release it (measured:
-# 80 ms releases MP3's, 120 ms Opus's: tests/test_audio.py). No padding when more audio follows at once: its own
-# samples push the tail out.
+# MP3 and Ogg Opus encoders keep the last ~60 ms of a turn until more audio comes (StreamEncoder.release_tail), which
+# after a `flush` may be the next reply, seconds later. The session releases it with silence once no turn has
+# followed for TAIL_IDLE_SECONDS and the client has at most TAIL_MARGIN_SECONDS of audio left to play (counted from
+# the session's first audio message, as if played in real time): while the client still plays earlier audio the next
+# turn usually comes first and pushes the end out itself, with no silence added between sentences.
 TAIL_IDLE_SECONDS = 0.1
-TAIL_PAD_SECONDS = 0.12
-HELD_TAIL_FORMATS = frozenset({"mp3", "opus"})
+TAIL_MARGIN_SECONDS = 0.1
 
 
 class SessionError(Exception):
@@ -192,7 +190,10 @@ class Session:
         # chunk replaces.
         self.audio_seconds = 0.0  # the session's output timeline: where the next turn starts
         self._tail_held = False  # the codec holds the end of the last turn (TAIL_IDLE_SECONDS)
-        self._chunk: tuple[int, float, str, float] = (0, 0.0, "", 0.0)  # seq, offset, text, seconds so far
+        self._t_first_audio: float | None = None  # when the session's first audio message went out
+        # seq, offset, text, seconds of its speech so far, seconds of its audio so far (the speech plus any silence
+        # that released a codec's tail)
+        self._chunk: tuple[int, float, str, float, float] = (0, 0.0, "", 0.0, 0.0)
         self._turns_streamed = 0
         self.frames = 0
         self.t_start = time.perf_counter()
@@ -276,6 +277,8 @@ class Session:
         try:
             while True:
                 item = await self._next_turn()
+                if self._closed:  # aborted while waiting (Python < 3.12's wait_for may return instead of raising)
+                    return
                 if item is None:
                     break
                 await self._stream_turn(*item)
@@ -293,24 +296,25 @@ class Session:
             await self._finish("error", f"internal error: {e}")
 
     async def _next_turn(self) -> tuple[Outbox, str, _Timing] | None:
-        """The next queued turn (None: the end marker). While the codec holds the last turn's end, wait for one
-        only TAIL_IDLE_SECONDS before releasing that end with silence."""
+        """The next queued turn (None: the end marker). While the codec holds the last turn's end, wait for one only
+        until the client is about to run out of audio (TAIL_IDLE_SECONDS at least), then release that end."""
         if self._tail_held:
+            played = time.perf_counter() - (self._t_first_audio or time.perf_counter())
+            wait = max(TAIL_IDLE_SECONDS, self.audio_seconds - played - TAIL_MARGIN_SECONDS)
             try:
-                return await asyncio.wait_for(self._turns.get(), TAIL_IDLE_SECONDS)
+                return await asyncio.wait_for(self._turns.get(), wait)
             except asyncio.TimeoutError:
-                await self._release_tail()
+                if not self._closed:
+                    await self._release_tail()
         return await self._turns.get()
 
     async def _release_tail(self) -> None:
-        """Silence through the encoder until the codec has emitted the last turn's end; it lengthens that turn's
-        audio (timeline and timestamps) by the silence's output duration."""
+        """Out with the end of the last turn the codec holds; its silence lengthens that turn's audio (the session
+        timeline and the timestamps' audio duration; the text's segment still ends where the speech does)."""
         self._tail_held = False
-        pad = np.zeros(round(TAIL_PAD_SECONDS * self.encoder.input_rate), np.float32)
-        encoded = self.encoder.push(pad) + self.encoder.drain()
-        seconds = TAIL_PAD_SECONDS / self.spec.speed
-        seq, offset, text, turn_seconds = self._chunk
-        self._chunk = (seq, offset, text, turn_seconds + seconds)
+        encoded, seconds = self.encoder.release_tail()
+        seq, offset, text, speech, total = self._chunk
+        self._chunk = (seq, offset, text, speech, total + seconds)
         self.audio_seconds += seconds
         await self._emit(self.rechunker.push(encoded) + self.rechunker.flush(), content=text)
 
@@ -326,7 +330,7 @@ class Session:
                 encoded = self.encoder.push(item.pcm)
                 # Output time: prosody.speed shortens the audio by that factor.
                 turn_seconds += item.pcm.size / item.sample_rate / self.spec.speed
-                self._chunk = (seq, start_s, text, turn_seconds)
+                self._chunk = (seq, start_s, text, turn_seconds, turn_seconds)
                 await self._emit(self.rechunker.push(encoded), content=text, timing=timing)
             elif isinstance(item, TurnEnd):
                 if item.reason == FinishReason.ERROR:
@@ -342,7 +346,7 @@ class Session:
                 await self._emit(self.rechunker.push(self.encoder.drain()) + self.rechunker.flush(), content=text,
                                  timing=timing)
                 self.audio_seconds = start_s + turn_seconds
-                self._tail_held = self.spec.format in HELD_TAIL_FORMATS
+                self._tail_held = turn_seconds > 0 and self.encoder.holds_tail
 
     async def _emit(self, pieces: list[bytes], content: str, timing: _Timing | None = None) -> None:
         for audio in pieces:
@@ -350,12 +354,14 @@ class Session:
                 continue
             extra: dict[str, object] = {}
             if self.alignment is not None:
-                seq, offset, text, seconds = self._chunk
-                extra = self.alignment(segments=[(text, 0.0, seconds)] if text else [], chunk_seq=seq,
-                                       chunk_audio_offset_sec=offset, content=content, audio_duration=seconds,
+                seq, offset, text, speech, total = self._chunk
+                extra = self.alignment(segments=[(text, 0.0, speech)] if text else [], chunk_seq=seq,
+                                       chunk_audio_offset_sec=offset, content=content, audio_duration=total,
                                        elapsed_ms=(time.perf_counter() - self.t_start) * 1000)
             await self.on_audio(audio, extra)
             now = time.perf_counter()
+            if self._t_first_audio is None:
+                self._t_first_audio = now
             if timing is not None:
                 if not timing.first_sent:
                     timing.first_sent = True

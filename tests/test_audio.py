@@ -15,6 +15,7 @@ from rtts.audio.encode import (
     FORMATS,
     MAX_MESSAGE_BYTES,
     SAMPLE_RATES,
+    TAIL_PAD_SECONDS,
     AudioFormatError,
     OutputSpec,
     Rechunker,
@@ -400,21 +401,28 @@ def test_drain_releases_the_filter_tails_and_the_stream_goes_on(rate: int, speed
     assert abs((len(got) + len(more)) // 2 - 2 * want) <= 0.004 * want + 4
 
 
-@pytest.mark.parametrize("fmt,rate", [("mp3", 44100), ("mp3", 32000), ("opus", 48000)])
-def test_silence_releases_what_a_compressed_codec_holds_at_a_flush(fmt: str, rate: int) -> None:
-    """After drain() an MP3 / Opus stream still holds the turn's last ~60 ms (a partial frame, the encoder's
-    look-ahead, an unfinished Ogg page); the session's TAIL_PAD_SECONDS of silence releases all of it."""
-    from rtts.session import TAIL_PAD_SECONDS
-
-    x = (0.3 * np.sin(2 * np.pi * 440 * np.arange(SR) / SR)).astype(np.float32)
+@pytest.mark.parametrize("fmt,rate,kbps", [("mp3", 44100, 64), ("mp3", 44100, 128), ("mp3", 44100, 192),
+                                           ("mp3", 32000, 64), ("mp3", 32000, 128), ("opus", 48000, 0)])
+@pytest.mark.parametrize("speed", [0.5, 1.0, 2.0])
+def test_release_tail_lets_out_what_a_compressed_codec_holds(fmt: str, rate: int, kbps: int, speed: float) -> None:
+    """After drain() an MP3 / Opus stream still holds the last ~60 ms pushed; release_tail() lets all of it out
+    (the signal ends where finish() would end it) and adds TAIL_PAD_SECONDS of output, at any turn length, bitrate
+    and speed."""
 
     def signal_end(data: bytes) -> float:
         y, r = sf.read(io.BytesIO(data))
         loud = np.flatnonzero(np.abs(y) > 0.05)
         return (loud[-1] + 1) / r
 
-    enc = StreamEncoder(OutputSpec(fmt, rate), SR)
-    held = enc.push(x) + enc.drain()
-    assert signal_end(held) < 0.97  # without padding the end stays in the codec
-    released = held + enc.push(np.zeros(round(TAIL_PAD_SECONDS * SR), np.float32)) + enc.drain()
-    assert signal_end(released) >= 0.995
+    spec = OutputSpec(fmt, rate, mp3_bitrate=kbps or 128, speed=speed)
+    for seconds in (0.4, 0.4131, 0.4262):
+        x = (0.3 * np.sin(2 * np.pi * 440 * np.arange(int(seconds * SR)) / SR)).astype(np.float32)
+        done = StreamEncoder(spec, SR)
+        end = signal_end(done.push(x) + done.finish())
+        enc = StreamEncoder(spec, SR)
+        held = enc.push(x) + enc.drain()
+        assert enc.holds_tail and signal_end(held) < end - 0.03  # drain alone leaves the end in the codec
+        released, pad = enc.release_tail()
+        assert signal_end(held + released) >= end - 0.01, (seconds, signal_end(held + released), end)
+        assert pad == pytest.approx(TAIL_PAD_SECONDS, abs=1e-4)
+    assert not StreamEncoder(OutputSpec("wav", 44100), SR).holds_tail

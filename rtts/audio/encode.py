@@ -47,6 +47,13 @@ OPUS_BITRATES = (24000, 32000, 48000, 64000)  # bps
 SPEED_RANGE = (0.5, 2.0)
 VOLUME_RANGE_DB = (-20.0, 20.0)
 
+# MP3 and Ogg Opus hold the end of what was pushed (a partial codec frame, the encoder's look-ahead, an unfinished
+# Ogg page: ~60 ms) until more audio comes; drain() cannot flush them and go on. This much silence (output time)
+# releases it: measured over turn lengths, 64-192 kbps MP3 at 32 / 44.1 kHz and speeds 0.5-2, MP3 needed up to
+# 150 ms (64 kbps, 32 kHz) and Opus 90 ms (tests/test_audio.py sweeps it).
+HELD_TAIL_FORMATS = ("mp3", "opus")
+TAIL_PAD_SECONDS = 0.2
+
 MAX_MESSAGE_BYTES = 64 * 1024  # websockets clients cap messages at 1 MiB; stay far below
 MIN_RAW_MESSAGE_BYTES = 2048  # Pipecat drops audio events <= 1024 bytes; 2 KiB leaves room
 MIN_COMPRESSED_MESSAGE_BYTES = 1152  # compressed clients (PyAV) take any size; still stay above Pipecat's floor
@@ -471,6 +478,18 @@ class StreamEncoder:
             x = st.resampler.resample_chunk(x, last=True)
             st.resampler = self._new_resampler()
         return self._encode(x)
+
+    @property
+    def holds_tail(self) -> bool:
+        """Whether drain() leaves the end of the pushed audio inside the codec (release_tail lets it out)."""
+        return self.spec.format in HELD_TAIL_FORMATS
+
+    def release_tail(self) -> tuple[bytes, float]:
+        """Silence through the stream until the codec has emitted everything pushed before it: (the bytes, the
+        seconds of output the silence adds). The silence is TAIL_PAD_SECONDS of output whatever the speed."""
+        n = round(TAIL_PAD_SECONDS * self.spec.speed * self.input_rate)
+        data = self.push(np.zeros(n, np.float32)) + self.drain()
+        return data, n / self.input_rate / self.spec.speed
 
     def finish(self) -> bytes:
         """Flush the stretch, resampler and codec tails; the encoder cannot be used afterwards."""

@@ -1,0 +1,123 @@
+"""A session's MP3 / Opus turn ends (Session._next_turn / _release_tail), against a stream stand-in whose turns are
+sine tones of chosen lengths: when the held end is released with silence, when it is not, and that an abort while
+waiting sends nothing after `finish`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rtts.audio.encode import TAIL_PAD_SECONDS
+from rtts.pingpong.outbox import AudioChunk, TurnEnd
+from rtts.session import TAIL_IDLE_SECONDS, Session
+from rtts.types import FinishReason
+from rtts.ws.protocol import parse_request
+
+SR = 44100
+
+
+class ToneStream:
+    """speak() -> an outbox of one tone of `seconds[i]` for the i-th turn (0: a turn without audio)."""
+
+    def __init__(self, seconds: list[float]) -> None:
+        self.seconds = list(seconds)
+        self.cancelled = False
+
+    def speak(self, text: str, params: Any, **kw: Any) -> AsyncIterator[object]:
+        seconds = self.seconds.pop(0)
+
+        async def outbox() -> AsyncIterator[object]:
+            if seconds:
+                n = int(seconds * SR)
+                pcm = (0.3 * np.sin(2 * np.pi * 440 * np.arange(n) / SR)).astype(np.float32)
+                yield AudioChunk(pcm, SR, frames=1, first_frame=0, t_submit=time.perf_counter())
+            yield TurnEnd(FinishReason.STOP, frames=1 if seconds else 0)
+
+        return outbox()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+async def run(seconds: list[float], script: Any, fmt: str = "mp3") -> tuple[Session, list[tuple[str, float]]]:
+    """A session over ToneStream(seconds); `script(session)` sends its text; -> (session, [(event, time)])."""
+    events: list[tuple[str, float]] = []
+
+    async def on_audio(audio: bytes, extra: dict[str, object]) -> None:
+        events.append(("audio", time.perf_counter()))
+
+    async def on_finish(reason: str, message: str | None) -> None:
+        events.append((f"finish {reason}", time.perf_counter()))
+
+    req = parse_request({"format": fmt, "prosody": {"normalize_loudness": False}})
+    session = Session(req, ToneStream(seconds), on_audio, on_finish, "s2", SR)  # type: ignore[arg-type]
+    session.start()
+    await script(session)
+    return session, events
+
+
+def test_no_silence_while_the_client_still_has_audio_to_play() -> None:
+    """The next sentence comes while the first one's audio is still playing: its audio pushes the held end out,
+    and no silence goes between the two."""
+
+    async def script(s: Session) -> None:
+        s.text("One.")
+        s.flush()
+        await asyncio.sleep(0.4)  # the client plays 1.5 s of the first turn
+        s.text("Two.")
+        await s.stop()
+
+    session, _ = asyncio.run(run([1.5, 1.0], script))
+    assert session.audio_seconds == pytest.approx(2.5, abs=1e-6)
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus"])
+def test_held_end_released_once_the_client_runs_out(fmt: str) -> None:
+    """Nothing follows a short turn: its end comes out with TAIL_PAD_SECONDS of silence once the client is about to
+    have played everything, before any `stop`."""
+
+    async def script(s: Session) -> None:
+        s.text("One.")
+        s.flush()
+        await asyncio.sleep(0.3 + TAIL_IDLE_SECONDS + 0.3)
+        assert s.audio_seconds == pytest.approx(0.3 + TAIL_PAD_SECONDS, abs=1e-3)
+        await s.stop()
+
+    session, events = asyncio.run(run([0.3], script, fmt))
+    assert [e for e, _ in events][-1] == "finish stop"
+    assert session.audio_seconds == pytest.approx(0.3 + TAIL_PAD_SECONDS, abs=1e-3)  # released once
+
+
+def test_no_silence_after_a_turn_without_audio() -> None:
+    async def script(s: Session) -> None:
+        s.text("Nothing.")
+        s.flush()
+        await asyncio.sleep(TAIL_IDLE_SECONDS + 0.3)
+        await s.stop()
+
+    session, events = asyncio.run(run([0.0], script))
+    assert session.audio_seconds == 0.0 and [e for e, _ in events] == ["finish stop"]
+
+
+def test_abort_while_holding_the_end_sends_nothing_after_finish() -> None:
+    """A turn queued in the same loop iteration as an abort (a flush, then a bad message or a disconnect): the
+    session ends with finish/error and its sender sends nothing more."""
+
+    async def script(s: Session) -> None:
+        s.text("One.")
+        s.flush()
+        await asyncio.sleep(0.05)  # the first turn is out; the end is held
+        s.text("Two.")
+        s.flush()
+        await s.abort("bad message")
+        await asyncio.sleep(0.6)
+        assert s._sender is not None and s._sender.done()
+
+    _, events = asyncio.run(run([0.5, 0.5], script))
+    names = [e for e, _ in events]
+    assert "finish error" in names and names[-1] == "finish error", names
