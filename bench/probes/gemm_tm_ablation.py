@@ -12,6 +12,11 @@ Variants (outputs are wrong in the ones marked *; only their time is read):
   trigger_late    dependents launch after this CTA's loop, not at its start: what the next GEMM's weight prefetch
                   costs this one
   no_store*       whole-K plans without the final store of the tile
+  trigger_after_loads
+                  dependents launch once this CTA's producer has issued its last load (the ring holds this CTA's
+                  last blocks): the next GEMM prefetches during this one's tail only
+  *_st10          the same with 10 weight stages and 4 token stages (the planner's cap lifted): a deeper
+                  prefetch, when it no longer competes with this GEMM's loop
 
     python bench/probes/gemm_tm_ablation.py OUT [token counts, default 32,64]   # on the GPU machine
 
@@ -20,6 +25,7 @@ Prints one line per variant, layer and token count, and writes OUT/gemm-tm-ablat
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -39,6 +45,13 @@ TOKENS = ("            pdl_wait();  // tokens and their scales were written by t
 TRIGGER = "    pdl_launch_dependents();\n    if (tid >= TM_CONSUMERS) {"
 AFTER_LOOP = "    // The tile's sum in a fixed order"
 STORE = "        if (wg == 0) tm_store<WN>(total, y, n0, wn, M, N);\n"
+LAST_LOAD = ("                ring_next(wsg, wph, stages);\n            }\n        }\n"
+             "        if constexpr (S == 2) {")
+AFTER_LOADS = [(TRIGGER, "    if (tid >= TM_CONSUMERS) {"),
+               (LAST_LOAD, LAST_LOAD.replace("            }\n        }\n",
+                                             "            }\n            pdl_launch_dependents();\n        }\n", 1))]
+TRIGGER_LATE = [(TRIGGER, "    if (tid >= TM_CONSUMERS) {"),
+                (AFTER_LOOP, "    if (tid == 0) pdl_launch_dependents();\n" + AFTER_LOOP)]
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "base": [],
     "no_math": [(MMA, ""), (PROMOTE, "")],
@@ -47,10 +60,13 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
                              "        total[0] += acc[0][0] + acc[1][R - 1];\n")],
     "tokens_early": [(TOKENS, "            for (int u = 0; u < tpre; ++u) load_tokens(u, kbeg + u);\n"
                               "            pdl_wait();\n")],
-    "trigger_late": [(TRIGGER, "    if (tid >= TM_CONSUMERS) {"),
-                     (AFTER_LOOP, "    if (tid == 0) pdl_launch_dependents();\n" + AFTER_LOOP)],
+    "trigger_late": TRIGGER_LATE,
     "no_store": [(STORE, "")],
+    "trigger_after_loads": AFTER_LOADS,
+    "trigger_late_st10": TRIGGER_LATE,
+    "trigger_after_loads_st10": AFTER_LOADS,
 }
+STAGES = {"trigger_late_st10": 10, "trigger_after_loads_st10": 10}  # weight ring depth (others: the planner's)
 
 
 def main() -> None:
@@ -72,6 +88,8 @@ def main() -> None:
                     continue
             xq, sx = kernels.quantize_1x128(torch.randn(M, K, device=dev, dtype=torch.bfloat16))
             cases.append((name, M, plan, xq, sx, packed, R))
+    gemm_plan = importlib.import_module("rtts.kernels.gemm_plan")  # the package's gemm_plan name is a function
+    gemm_plan._TM_MAX_STAGES = max(gemm_plan._TM_MAX_STAGES, *STAGES.values())
     res: dict[str, float] = {}
     for variant, edits in VARIANTS.items():
         _jit.source = gemm_source(edits, "gemm_tm_ablation.py", original=original, kernel=KERNEL)  # type: ignore
@@ -82,8 +100,10 @@ def main() -> None:
         for name, M, plan, xq, sx, packed, R in cases:
             if variant == "no_store" and plan.cluster != 1:
                 continue
+            if variant in STAGES:
+                plan = kernels.wgmma_tm_plan(M, N, K, sms, STAGES[variant], plan.cluster, tstages=4)
             us = time_plan(plan, xq, sx, packed, R)
-            key = f"{variant} {name} M={M} (wn={plan.rows} S={plan.cluster})"
+            key = f"{variant} {name} M={M} (wn={plan.rows} S={plan.cluster} st={plan.stages}/{plan.tstages})"
             res[key] = us
             print(f"{key}: {us:.2f} us", flush=True)
     _jit.source = original  # type: ignore[assignment]
