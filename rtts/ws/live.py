@@ -49,7 +49,7 @@ class Connection:
         self.session: Session | None = None
         self.started: StartEvent | None = None  # the start of the current session
         # The start to resume when text + flush arrive with no session: that of a session the server ended with an
-        # error, or one refused for want of a slot (see _handle); and the text received for it since.
+        # error, or one it refused (see _start and _resume); and the text received for it since.
         self.resume: StartEvent | None = None
         self.resume_text = ""
         self.stopping: asyncio.Task[None] | None = None
@@ -189,10 +189,11 @@ class Connection:
 
     async def _resume(self, ev: TextEvent | FlushEvent | StopEvent | CancelEvent) -> None:
         """An event with no session, after a session the server ended (a failed turn) or a start it refused (no free
-        slot). Pipecat sends `start` once per connection, then text + flush for the whole call, and reconnects only
-        when the socket closes: its text is kept and, at its flush, spoken by a session resumed with the same start
-        request, instead of every sentence failing "before start" for the rest of the call. A client that ends
-        instead (stop, cancel: the SDK's way after an error) already has its finish and gets nothing more."""
+        slot, or a bad request, which a flush then retries and refuses again, saying why). Pipecat sends `start` once
+        per connection, then text + flush for the whole call, and reconnects only when the socket closes: its text is
+        kept and, at its flush, spoken by a session resumed with the same start request, instead of every sentence
+        failing "before start" for the rest of the call. A client that ends instead (stop, cancel: the SDK's way
+        after an error) already has its finish and gets nothing more."""
         if isinstance(ev, (StopEvent, CancelEvent)):
             self._clear_resume()
             return
@@ -250,6 +251,10 @@ class Connection:
             return
         except (SessionError, VoiceError, ValueError) as e:
             await self.error(str(e))
+            # The refusal was this session's one finish: the text, flush and stop the client still sends for it get
+            # no finish of their own (which a client reusing the socket would read as its next session's). Kept as
+            # a session the server ended (_resume): a flush retries the start, a stop or cancel ends quietly.
+            self.resume = ev
             return
         self.session, self.started, self.resume = session, ev, None
         self.rt.metrics.sessions.inc()
