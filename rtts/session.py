@@ -342,10 +342,16 @@ class Session:
                     raise SessionError("one turn's text and audio filled the stream's context; send shorter text "
                                        "segments or a lower max_new_tokens")
                 # The turn is over and the client waits for the end of its audio: out with what the resampler,
-                # stretcher and rechunker still hold (a message may then be short; the next turn starts afresh).
-                await self._emit(self.rechunker.push(self.encoder.drain()) + self.rechunker.flush(), content=text,
-                                 timing=timing)
-                self.audio_seconds = start_s + turn_seconds
+                # stretcher and rechunker still hold (the next turn starts afresh). A short raw last message gets a
+                # little silence: Pipecat drops audio events of up to 1024 bytes.
+                pieces = self.rechunker.push(self.encoder.drain())
+                pad = self.encoder.last_message_pad(self.rechunker.pending)
+                pad_seconds = pad / self.encoder.output_rate
+                if pad:
+                    pieces += self.rechunker.push(self.encoder.silence(pad))
+                    self._chunk = (seq, start_s, text, turn_seconds, turn_seconds + pad_seconds)
+                await self._emit(pieces + self.rechunker.flush(), content=text, timing=timing)
+                self.audio_seconds = start_s + turn_seconds + pad_seconds
                 self._tail_held = turn_seconds > 0 and self.encoder.holds_tail
 
     async def _emit(self, pieces: list[bytes], content: str, timing: _Timing | None = None) -> None:

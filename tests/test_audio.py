@@ -426,3 +426,18 @@ def test_release_tail_lets_out_what_a_compressed_codec_holds(fmt: str, rate: int
         assert signal_end(held + released) >= end - 0.01, (seconds, signal_end(held + released), end)
         assert pad == pytest.approx(TAIL_PAD_SECONDS, abs=1e-4)
     assert not StreamEncoder(OutputSpec("wav", 44100), SR).holds_tail
+
+
+def test_last_message_pad_lifts_short_raw_messages_over_pipecats_floor() -> None:
+    """A turn's last pcm / wav message of n bytes gets MIN_LAST_RAW_SAMPLES - n / 2 samples of silence when that
+    is positive (Pipecat drops events of 1024 bytes or less); other formats and empty remainders get none."""
+    from rtts.audio.encode import MIN_LAST_RAW_SAMPLES
+
+    pcm = StreamEncoder(OutputSpec("pcm", 16000), SR)
+    assert pcm.last_message_pad(446) == MIN_LAST_RAW_SAMPLES - 223
+    assert (446 + 2 * pcm.last_message_pad(446)) > 1024
+    assert pcm.last_message_pad(0) == 0 and pcm.last_message_pad(2 * MIN_LAST_RAW_SAMPLES) == 0
+    assert StreamEncoder(OutputSpec("wav", 24000), SR).last_message_pad(100) == MIN_LAST_RAW_SAMPLES - 50
+    for spec in (OutputSpec("mulaw", 8000), OutputSpec("mp3", 44100), OutputSpec("opus", 48000)):
+        assert StreamEncoder(spec, SR).last_message_pad(100) == 0
+    assert pcm.silence(10) == b"\0" * 20

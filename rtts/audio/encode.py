@@ -56,6 +56,9 @@ TAIL_PAD_SECONDS = 0.2
 
 MAX_MESSAGE_BYTES = 64 * 1024  # websockets clients cap messages at 1 MiB; stay far below
 MIN_RAW_MESSAGE_BYTES = 2048  # Pipecat drops audio events <= 1024 bytes; 2 KiB leaves room
+# A turn's last message is whatever is left at its end; Pipecat (which always asks for pcm) would drop it if it were
+# <= 1024 bytes, so pcm and wav lift a shorter one with silence to this many samples (1026 bytes).
+MIN_LAST_RAW_SAMPLES = 513
 MIN_COMPRESSED_MESSAGE_BYTES = 1152  # compressed clients (PyAV) take any size; still stay above Pipecat's floor
 # One codec frame (2048 samples at 44.1 kHz: 46.4 ms) must fill a message by itself: a turn's first frame is its time to
 # first audio, and at 50 ms the first message waited for the codec's second chunk (PROTOCOL.md §7.3: >= 40-100 ms).
@@ -484,6 +487,17 @@ class StreamEncoder:
         """Whether drain() leaves the end of the pushed audio inside the codec (release_tail lets it out)."""
         return self.spec.format in HELD_TAIL_FORMATS
 
+    def last_message_pad(self, pending_bytes: int) -> int:
+        """Samples of silence (at the output rate) that lift a turn's last message of `pending_bytes` to
+        MIN_LAST_RAW_SAMPLES: pcm and wav only (0 for other formats, or where nothing is left)."""
+        if self.spec.format not in ("pcm", "wav") or pending_bytes <= 0:
+            return 0
+        return max(0, MIN_LAST_RAW_SAMPLES - pending_bytes // 2)
+
+    def silence(self, samples: int) -> bytes:
+        """`samples` of silence at the output rate, encoded (no stretch or resampling in between)."""
+        return self._encode(np.zeros(samples, np.float32))
+
     def release_tail(self) -> tuple[bytes, float]:
         """Silence through the stream until the codec has emitted everything pushed before it: (the bytes, the
         seconds of output the silence adds). The silence is TAIL_PAD_SECONDS of output whatever the speed."""
@@ -540,7 +554,8 @@ def _as_mono(pcm: np.ndarray) -> np.ndarray:
 
 def message_bytes_target(spec: OutputSpec) -> int:
     """Minimum payload per audio message: > Pipecat's 1024-byte floor and >= MIN_MESSAGE_SECONDS (40 ms) of audio;
-    a turn's last message may be shorter (flushed at its end)."""
+    a turn's last message may be shorter (flushed at its end; StreamEncoder.last_message_pad keeps raw ones over
+    Pipecat's floor)."""
     spec = spec.validated()
     rate = spec.rate
     if spec.format in ("pcm", "wav", "mulaw"):
