@@ -62,9 +62,10 @@ class SessionMetrics:
 
 
 # Voice ids that client plugins send by default, naming a voice of the hosted Fish service (PROTOCOL.md: LiveKit's
-# fish plugin defaults to this one). Unless stored here under that id, they get the server's default voice, so a plugin
-# with default settings speaks; any other unknown id is an error.
-HOSTED_DEFAULT_VOICES = frozenset({"933563129e564b19a115bedd57b7406a"})
+# fish plugin defaults to the first; the second is the hosted preset that older plugin releases and Fish's own
+# examples default to). Unless stored here under that id, they get the server's default voice, so a plugin with
+# default settings speaks; any other unknown id is an error.
+HOSTED_DEFAULT_VOICES = frozenset({"933563129e564b19a115bedd57b7406a", "8ef4a238714b45718ce04243307c57a7"})
 
 
 def _voice_ids(req: TTSRequest) -> tuple[str, ...]:

@@ -537,11 +537,21 @@ def test_a_client_leaving_is_not_a_failed_session(srv: LiveServer) -> None:
     assert _metric(srv, "rtts_session_errors_total") == before
 
 
-def test_a_plugins_default_hosted_voice_gets_the_default_voice(ws: ClientConnection) -> None:
-    """LiveKit's fish plugin names a hosted voice by default; not stored here, it speaks with the default voice
-    rather than failing every session of a default-configured agent."""
-    audio, fin = session(ws, ["Hello."], reference_id="933563129e564b19a115bedd57b7406a", **greedy(max_new_tokens=4))
+@pytest.mark.parametrize("voice", ["933563129e564b19a115bedd57b7406a", "8ef4a238714b45718ce04243307c57a7"])
+def test_a_plugins_default_hosted_voice_gets_the_default_voice(ws: ClientConnection, voice: str) -> None:
+    """LiveKit's fish plugin (and older releases, Fish's examples) name a hosted voice by default; not stored here,
+    it speaks with the default voice rather than failing every session of a default-configured agent."""
+    audio, fin = session(ws, ["Hello."], reference_id=voice, **greedy(max_new_tokens=4))
     assert fin == {"event": "finish", "reason": "stop"} and audio
+
+
+def test_unknown_paths_and_methods_answer_json_errors(srv: LiveServer) -> None:
+    """The API's JSON error body ({status, message}) for any path or method it does not serve: the legacy SDK
+    parses error bodies as JSON."""
+    r = httpx.get(srv.http + "/wallet/self/api-credit")
+    assert r.status_code == 404 and r.json()["status"] == 404 and "/wallet/self/api-credit" in r.json()["message"]
+    r = httpx.put(srv.http + "/v1/tts")
+    assert r.status_code == 405 and r.json()["status"] == 405 and r.headers["allow"] == "POST"
 
 
 def test_reference_id_lists_voice_every_speaker(srv: LiveServer, ref_wav: bytes) -> None:

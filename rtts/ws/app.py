@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
@@ -109,7 +111,15 @@ def create_app(rt: Runtime) -> Starlette:
     d = web_dir()
     if d is not None:
         routes.append(Mount("/web", StaticFiles(directory=d), name="web"))
-    app = Starlette(routes=routes, lifespan=lifespan)
+    async def http_error(request: Request, exc: Exception) -> Response:
+        # Unknown paths and methods answer the API's JSON error ({status, message}), not Starlette's plain text:
+        # the legacy SDK parses every error body as JSON (a plain-text 404 raised JSONDecodeError there).
+        assert isinstance(exc, HTTPException)
+        response = http.json_error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+        response.headers.update(exc.headers or {})  # a 405's Allow
+        return response
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.rt = rt
     app.state.shutdown_sessions = shutdown_sessions
     return app
