@@ -722,6 +722,27 @@ def test_too_many_sessions(srv: LiveServer) -> None:
     srv.wait_idle()
 
 
+def test_idle_sockets_do_not_hold_capacity(srv: LiveServer) -> None:
+    """Sockets that finished their sessions keep their streams (a pooled LiveKit socket reuses the voice) but not
+    the capacity: with every slot held by idle sockets a new socket's session still starts, and an idle socket
+    whose stream was taken back starts its next session too."""
+    srv.wait_idle()
+    slots = srv.rt.config.max_running
+    conns = [srv.connect() for _ in range(slots + 1)]
+    try:
+        for c in conns[:slots]:
+            audio, fin = session(c, ["Then idle."], **greedy(max_new_tokens=4))
+            assert fin["reason"] == "stop" and audio
+        assert srv.rt.scheduler.slots.free == 0  # every idle socket kept its stream
+        for c in (conns[slots], conns[0]):
+            audio, fin = session(c, ["Room for me."], **greedy(max_new_tokens=4))
+            assert fin["reason"] == "stop" and audio
+    finally:
+        for c in conns:
+            c.close()
+    srv.wait_idle()
+
+
 # ------------------------------------------------------------------------------------------------ cancel extension
 
 

@@ -70,6 +70,7 @@ class Connection:
     async def _on_finish(self, reason: str, message: str | None) -> None:
         # A session is active until its finish (it sends exactly one), not until the socket's next message reaps it.
         self.rt.metrics.sessions.dec()
+        self._idle()
         if reason == "error" and not self.closed:  # a client that leaves mid-session is not a failed session
             self.rt.metrics.errors.inc()
         await self.send(finish_event(reason, message))
@@ -91,6 +92,16 @@ class Connection:
         if self.stopping is not None:
             await asyncio.wait({self.stopping})  # returns however it ended; cancelling us still cancels us
             self._reap()
+
+    def _idle(self) -> None:
+        """The kept stream is idle until the next session: another socket's new session may take it back."""
+        if self.handle is not None and not self.closed:
+            self.rt.idle_stream(self, self._reclaim)
+
+    def _reclaim(self) -> None:
+        if self.handle is not None and (self.session is None or self.session.done.is_set()):
+            self.handle.close()
+            self.handle, self.handle_voice = None, ""
 
     def _clear_resume(self) -> None:
         self.resume, self.resume_text = None, ""
@@ -137,6 +148,7 @@ class Connection:
         try:
             self.handle = self.rt.scheduler.open(voice_references(self.rt.voices.get(voice_id)))
             self.handle_voice = stored_voices_key((voice_id,), self.rt.voices)
+            self._idle()
         except (VoiceError, NoSlotError, ValueError) as e:
             # Not fatal: the client has not started a session; `start` will try again and report the error.
             log.info("could not prefill %r at connect: %s", voice_id, e)
@@ -226,6 +238,7 @@ class Connection:
         self._end_session()
 
     async def _start(self, ev: StartEvent) -> None:
+        self.rt.idle_stream(self, None)  # in use again (or about to be replaced): not to be taken back
         req = ev.request
         key = voice_key(req, self.rt.voices)
         try:
@@ -246,10 +259,12 @@ class Connection:
                 metrics=self.rt.metrics.session(),
             )
         except NoSlotError:
+            self._idle()
             await self.error(f"too many concurrent sessions (limit {self.rt.config.max_running}); retry later")
             self.resume = ev  # a client that goes on sending text (Pipecat) gets the session once a slot is free
             return
         except (SessionError, VoiceError, ValueError) as e:
+            self._idle()
             await self.error(str(e))
             # The refusal was this session's one finish: the text, flush and stop the client still sends for it get
             # no finish of their own (which a client reusing the socket would read as its next session's). Kept as
@@ -262,6 +277,7 @@ class Connection:
 
     async def _teardown(self) -> None:
         self.closed = True
+        self.rt.idle_stream(self, None)
         if self.session is not None and not self.session.done.is_set():
             self.session.segmenter.clear()
             self.session.handle.cancel()

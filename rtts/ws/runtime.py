@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,6 +82,7 @@ class Runtime:
                                 prefill_graphs=config.prefill_graphs, codec_tf32=config.codec_tf32)
         self.scheduler = Scheduler(self.engine, codec, sched)
         self.voices = VoiceStore(config.voices_dir, self.encode_reference)
+        self._idle: OrderedDict[object, Callable[[], None]] = OrderedDict()  # idle_stream
         self.metrics = Metrics(self)
         self.ready = False
 
@@ -122,17 +124,30 @@ class Runtime:
                         "Pass --checkpoint DIR (fishaudio/s2-pro or openaudio-s1-mini) for real voices.")
 
     async def open_stream(self, references: Sequence[Reference] = ()) -> StreamHandle:
-        """A stream for a session; when every slot is busy, wait up to SLOT_WAIT for one. A slot given back (a
-        socket's voice change, a barge-in's close before its reconnect) is freed asynchronously, once no decode step
-        in flight uses it: without the wait the very next open is refused at capacity. NoSlotError after that."""
+        """A stream for a session; when every slot is busy, take back the stream an idle socket kept longest (see
+        idle_stream) and wait up to SLOT_WAIT for a slot. A slot given back (that, a socket's voice change, a
+        barge-in's close before its reconnect) is freed asynchronously, once no decode step in flight uses it:
+        without the wait the very next open is refused at capacity. NoSlotError after that."""
         deadline = time.monotonic() + SLOT_WAIT
         while True:
             try:
                 return self.scheduler.open(references)
             except NoSlotError:
-                if time.monotonic() >= deadline:
+                if self._idle:
+                    _, reclaim = self._idle.popitem(last=False)
+                    reclaim()
+                    log.info("took back an idle socket's stream for a new session")
+                elif time.monotonic() >= deadline:
                     raise
                 await asyncio.sleep(0.01)
+
+    def idle_stream(self, owner: object, reclaim: Callable[[], None] | None) -> None:
+        """A socket keeps its stream between sessions (the next one reuses its prefilled voice), which holds a slot.
+        `reclaim` (None: the stream is in use again, or gone) closes it when a new session finds no free slot:
+        capacity counts running sessions, not sockets that have spoken. Least recently idle first."""
+        self._idle.pop(owner, None)
+        if reclaim is not None:
+            self._idle[owner] = reclaim
 
     def stop(self) -> None:
         self.ready = False
