@@ -163,7 +163,10 @@ class Session:
         alignment: Alignment | None = None,
         fresh_first_turn: bool = False,
         metrics: SessionMetrics | None = None,
+        pad_last_message: bool = True,
     ) -> None:
+        """pad_last_message: lift a turn's short last pcm / wav message over Pipecat's floor with silence
+        (StreamEncoder.last_message_pad); off for HTTP, whose body has no message boundaries."""
         self.req = request
         self.handle = handle
         self.on_audio, self.on_finish = on_audio, on_finish
@@ -172,6 +175,7 @@ class Session:
         spec = output_spec(request)
         self.spec = spec
         self.encoder = StreamEncoder(spec, input_rate)
+        self.pad_last_message = pad_last_message
         self.rechunker = Rechunker(message_bytes_target(spec))
         self.segmenter = Segmenter(request.chunk_length, request.min_chunk_length)
         self.alignment = alignment
@@ -346,7 +350,8 @@ class Session:
                 # stretcher and rechunker still hold (the next turn starts afresh). A short raw last message gets a
                 # little silence: Pipecat drops audio events of up to 1024 bytes.
                 pieces = self.rechunker.push(self.encoder.drain())
-                pad = self.encoder.last_message_pad(self.rechunker.pending)
+                spoke = turn_seconds > 0 and item.reason != FinishReason.CANCELLED
+                pad = self.encoder.last_message_pad(self.rechunker.pending) if spoke and self.pad_last_message else 0
                 pad_seconds = pad / self.encoder.output_rate
                 if pad:
                     pieces += self.rechunker.push(self.encoder.silence(pad))

@@ -417,9 +417,9 @@ def test_a_long_conversation_outlives_its_context(small_ctx_srv: LiveServer) -> 
 
 def test_after_a_failed_session_the_client_decides(small_ctx_srv: LiveServer) -> None:
     """After the server ended a session with finish/error: the SDK's stop gets no second finish (the client would
-    take it for its next session's); a start the client gets wrong replaces the failed session (its text is kept
-    for that refused start, whose retry at the flush is refused again: never a session resumed with the old
-    request); a bad pipelined start does not cut the session still draining, which finishes first."""
+    take it for its next session's); a start the client gets wrong replaces the failed session (its text and flush
+    then belong to that refused start and get nothing: never a session resumed with the old request); a bad
+    pipelined start does not cut the session still draining, which finishes first."""
     def fail(ws: ClientConnection) -> None:
         ws.send(start_msg(chunk_length=300, **greedy(max_new_tokens=4)))
         ws.send(text_msg(UNSPLITTABLE))
@@ -434,9 +434,8 @@ def test_after_a_failed_session_the_client_decides(small_ctx_srv: LiveServer) ->
         fail(ws)
         ws.send(start_msg(reference_id="no-such-voice"))
         expect_error(ws, "no-such-voice")
-        ws.send(text_msg("Is anyone there?"))
+        ws.send(text_msg("Is anyone there?"))  # for the refused session: no finish of its own
         ws.send(FLUSH)
-        expect_error(ws, "no-such-voice")  # the flush retried the refused start; the text got no finish
         ws.send(start_msg(**greedy(max_new_tokens=6)))
         ws.send(text_msg("Drain this."))
         ws.send(STOP)
@@ -623,27 +622,20 @@ def _bad_cases(golden: Path) -> list[tuple[str, Callable[[ClientConnection], Non
 
 
 def test_a_refused_start_is_its_sessions_only_finish(srv: LiveServer) -> None:
-    """A refused `start` (unknown voice, unsupported rate) gets one finish/error: the text and stop the client still
-    sends for that session get none of their own, so the next session on the socket reads only its own events; a
-    flush retries the start and says again why it is refused."""
+    """A refused `start` (unknown voice, unsupported rate or format) gets one finish/error: the text, flush and stop
+    the client still sends for that session get none of their own (retrying the same request cannot succeed), so
+    the next session on the socket reads only its own events."""
+    refusals = [({"reference_id": "no-such-voice"}, "unknown reference_id"), ({"sample_rate": 22050}, "sample_rate"),
+                ({"format": "flac"}, "format")]  # the last refused while decoding the start, the others after
     with srv.connect() as ws:
-        ws.send(start_msg(reference_id="no-such-voice"))
-        ws.send(text_msg("Hello there."))
-        ws.send(STOP)
-        expect_error(ws, "unknown reference_id")
-        ws.send(start_msg(sample_rate=22050))
-        ws.send(STOP)
-        expect_error(ws, "sample_rate")
-        audio, fin = session(ws, ["A good one."], **greedy(max_new_tokens=4))
-        assert fin == {"event": "finish", "reason": "stop"} and audio
-        ws.send(start_msg(reference_id="no-such-voice"))
-        ws.send(text_msg("Pipecat keeps talking."))
-        ws.send(FLUSH)
-        ws.send(STOP)
-        expect_error(ws, "unknown reference_id")
-        expect_error(ws, "unknown reference_id")  # the flush's retry
-        audio, fin = session(ws, ["Still usable."], **greedy(max_new_tokens=4))
-        assert fin == {"event": "finish", "reason": "stop"} and audio
+        for request, words in refusals:
+            ws.send(start_msg(**request))
+            ws.send(text_msg("Pipecat keeps talking."))
+            ws.send(FLUSH)
+            ws.send(STOP)
+            expect_error(ws, words)
+            audio, fin = session(ws, ["A good one."], **greedy(max_new_tokens=4))
+            assert fin == {"event": "finish", "reason": "stop"} and audio, request
     srv.wait_idle()
 
 

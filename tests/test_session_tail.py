@@ -44,18 +44,24 @@ class ToneStream:
         self.cancelled = True
 
 
-async def run(seconds: list[float], script: Any, fmt: str = "mp3") -> tuple[Session, list[tuple[str, float]]]:
-    """A session over ToneStream(seconds); `script(session)` sends its text; -> (session, [(event, time)])."""
+async def run(seconds: list[float], script: Any, fmt: str = "mp3", sizes: list[int] | None = None,
+              **options: Any) -> tuple[Session, list[tuple[str, float]]]:
+    """A session over ToneStream(seconds); `script(session)` sends its text; -> (session, [(event, time)]). `sizes`
+    collects the audio messages' lengths; `options`: request fields and Session keywords (pad_last_message)."""
     events: list[tuple[str, float]] = []
 
     async def on_audio(audio: bytes, extra: dict[str, object]) -> None:
         events.append(("audio", time.perf_counter()))
+        if sizes is not None:
+            sizes.append(len(audio))
 
     async def on_finish(reason: str, message: str | None) -> None:
         events.append((f"finish {reason}", time.perf_counter()))
 
-    req = parse_request({"format": fmt, "prosody": {"normalize_loudness": False}})
-    session = Session(req, ToneStream(seconds), on_audio, on_finish, "s2", SR)  # type: ignore[arg-type]
+    pad = options.pop("pad_last_message", True)
+    req = parse_request({"format": fmt, "prosody": {"normalize_loudness": False}, **options})
+    session = Session(req, ToneStream(seconds), on_audio, on_finish, "s2", SR,  # type: ignore[arg-type]
+                      pad_last_message=pad)
     session.start()
     await script(session)
     return session, events
@@ -121,3 +127,47 @@ def test_abort_while_holding_the_end_sends_nothing_after_finish() -> None:
     _, events = asyncio.run(run([0.5, 0.5], script))
     names = [e for e, _ in events]
     assert "finish error" in names and names[-1] == "finish error", names
+
+
+def test_a_new_stream_takes_back_one_idle_stream_at_a_time() -> None:
+    """At capacity, Runtime.open_stream takes back an idle socket's stream, but a slot comes free only a while after
+    its close: one new session must not take back several (one per RECLAIM_AFTER at most)."""
+    from collections import OrderedDict
+    from types import SimpleNamespace
+
+    from rtts.pingpong import NoSlotError
+    from rtts.ws.runtime import Runtime
+
+    free_at: list[float] = []  # when slots given back come free
+    taken: list[int] = []
+
+    class Scheduler:
+        def open(self, references: Any) -> str:
+            if any(t <= time.monotonic() for t in free_at):
+                return "handle"
+            raise NoSlotError("full")
+
+    rt = SimpleNamespace(scheduler=Scheduler(), _idle=OrderedDict())
+    for i in range(6):
+        rt._idle[i] = lambda i=i: (taken.append(i), free_at.append(time.monotonic() + 0.06))
+    assert asyncio.run(Runtime.open_stream(rt)) == "handle"  # type: ignore[arg-type]
+    assert taken == [0] and list(rt._idle) == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("pad", [True, False])
+def test_a_short_last_pcm_message_is_lifted_over_pipecats_floor(pad: bool) -> None:
+    """pcm at 16 kHz: the resampler's tail leaves a short last message at the turn's end. Live sessions lift it over
+    1024 bytes with silence, which the timeline counts; HTTP's (pad_last_message=False) stay as they are."""
+
+    async def script(s: Session) -> None:
+        s.text("One.")
+        await s.stop()
+
+    sizes: list[int] = []
+    session, _ = asyncio.run(run([0.5], script, "pcm", sizes, sample_rate=16000, pad_last_message=pad))
+    samples = sum(sizes) // 2
+    assert session.audio_seconds == pytest.approx(samples / 16000, abs=1e-9)
+    if pad:
+        assert min(sizes) > 1024 and samples > 0.5 * 16000
+    else:
+        assert min(sizes) <= 1024 and samples == 0.5 * 16000

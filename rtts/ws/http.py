@@ -131,7 +131,7 @@ async def tts(request: Request) -> Response:
         await queue.put(None)
 
     session = Session(req, handle, on_audio, on_finish, rt.model_format, rt.sample_rate,
-                      metrics=rt.metrics.session())
+                      metrics=rt.metrics.session(), pad_last_message=False)
     session.start()
     session.flush()
     stopper = asyncio.create_task(session.stop())

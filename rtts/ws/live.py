@@ -49,14 +49,20 @@ class Connection:
         self.session: Session | None = None
         self.started: StartEvent | None = None  # the start of the current session
         # The start to resume when text + flush arrive with no session: that of a session the server ended with an
-        # error, or one it refused (see _start and _resume); and the text received for it since.
+        # error, or one refused for want of a slot (see _start and _resume); and the text received for it since.
         self.resume: StartEvent | None = None
         self.resume_text = ""
+        # A start refused for what it asked (a bad request, an unknown voice): its finish/error was that session's
+        # one finish, so the text, flush and stop the client still sends for it are dropped until the next start
+        # (answering each would give the session several finishes; a client reusing the socket would read them as
+        # its next session's). Unlike a refusal for want of a slot, retrying the same request cannot succeed.
+        self.refused = False
         self.stopping: asyncio.Task[None] | None = None
         self.handle: StreamHandle | None = None
         self.handle_voice = ""
         self._send_lock = asyncio.Lock()
         self.closed = False  # the client is gone
+        self.starting = False  # a start waits for the session before it to drain
 
     # ------------------------------------------------------------------ sending
 
@@ -95,7 +101,7 @@ class Connection:
 
     def _idle(self) -> None:
         """The kept stream is idle until the next session: another socket's new session may take it back."""
-        if self.handle is not None and not self.closed:
+        if self.handle is not None and not self.closed and not self.starting:
             self.rt.idle_stream(self, self._reclaim)
 
     def _reclaim(self) -> None:
@@ -158,18 +164,31 @@ class Connection:
             ev = decode_client_message(data, self.rt.config.limits)
         except ProtocolError as e:
             await self.error(str(e))
+            self.refused = e.event == "start"
             return
         if ev is None:
             return  # an event from a newer protocol: ignored
         if isinstance(ev, StartEvent):
             self._clear_resume()
+            self.refused = False
             # Pipelined: the next utterance's start came before the last one's finish. It begins once that session
-            # has drained (its audio and finish go out first).
-            await self._drained()
-            if self.session is not None:
-                await self.error("'start' received while a session is active; send 'stop' first")
-                return
-            await self._start(ev)
+            # has drained (its audio and finish go out first); meanwhile its stream is not idle (_idle).
+            self.starting = True
+            try:
+                await self._drained()
+                if self.session is not None:
+                    await self.error("'start' received while a session is active; send 'stop' first")
+                    return
+                await self._start(ev)
+            finally:
+                self.starting = False
+                if self.session is None or self.session.done.is_set():
+                    self._idle()  # refused: a kept stream is idle again
+            return
+        if self.session is None and self.refused:
+            if isinstance(ev, (StopEvent, CancelEvent)):
+                self.refused = False  # the client ended the refused session: later events are out of a session
+            log.info("%s for a refused start dropped", type(ev).__name__)
             return
         if self.session is None and self.resume is not None:
             await self._resume(ev)
@@ -200,12 +219,12 @@ class Connection:
             self.stopping = asyncio.create_task(self._stop(self.session.cancel()))
 
     async def _resume(self, ev: TextEvent | FlushEvent | StopEvent | CancelEvent) -> None:
-        """An event with no session, after a session the server ended (a failed turn) or a start it refused (no free
-        slot, or a bad request, which a flush then retries and refuses again, saying why). Pipecat sends `start` once
-        per connection, then text + flush for the whole call, and reconnects only when the socket closes: its text is
-        kept and, at its flush, spoken by a session resumed with the same start request, instead of every sentence
-        failing "before start" for the rest of the call. A client that ends instead (stop, cancel: the SDK's way
-        after an error) already has its finish and gets nothing more."""
+        """An event with no session, after a session the server ended (a failed turn) or a start it refused for want
+        of a free slot. Pipecat sends `start` once per connection, then text + flush for the whole call, and
+        reconnects only when the socket closes: its text is kept and, at its flush, spoken by a session resumed with
+        the same start request, instead of every sentence failing "before start" for the rest of the call. A client
+        that ends instead (stop, cancel: the SDK's way after an error) already has its finish and gets nothing
+        more."""
         if isinstance(ev, (StopEvent, CancelEvent)):
             self._clear_resume()
             return
@@ -224,6 +243,7 @@ class Connection:
             self.session.flush()
         else:
             self.resume_text = text
+            self._idle()  # a kept stream is idle again
 
     async def _over_text_limit(self, unspoken: int) -> bool:
         """Whether `unspoken` characters waiting to be spoken pass the limit (then said with finish/error)."""
@@ -259,17 +279,12 @@ class Connection:
                 metrics=self.rt.metrics.session(),
             )
         except NoSlotError:
-            self._idle()
             await self.error(f"too many concurrent sessions (limit {self.rt.config.max_running}); retry later")
             self.resume = ev  # a client that goes on sending text (Pipecat) gets the session once a slot is free
             return
         except (SessionError, VoiceError, ValueError) as e:
-            self._idle()
             await self.error(str(e))
-            # The refusal was this session's one finish: the text, flush and stop the client still sends for it get
-            # no finish of their own (which a client reusing the socket would read as its next session's). Kept as
-            # a session the server ended (_resume): a flush retries the start, a stop or cancel ends quietly.
-            self.resume = ev
+            self.refused = True
             return
         self.session, self.started, self.resume = session, ev, None
         self.rt.metrics.sessions.inc()

@@ -66,6 +66,7 @@ class ProtocolError(ValueError):
         super().__init__(message)
         self.message = message
         self.status = status
+        self.event: str | None = None  # "start" when the refused message was a start (its session's one finish)
 
 
 # ---------------------------------------------------------------------------------------------------- field validation
@@ -445,7 +446,11 @@ def decode_client_message(data: bytes, limits: Limits = Limits()) -> ClientEvent
     if not isinstance(event, str):
         raise ProtocolError(f"event must be a string, got {_describe(event)}")
     if event == "start":
-        return StartEvent(parse_request(obj.get("request"), limits, path="start.request"))
+        try:
+            return StartEvent(parse_request(obj.get("request"), limits, path="start.request"))
+        except ProtocolError as e:
+            e.event = "start"
+            raise
     if event == "text":
         return TextEvent(_text_event_text(obj.get("text"), limits))
     return _SIMPLE_EVENTS.get(event)
