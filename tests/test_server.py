@@ -551,6 +551,9 @@ def test_unknown_paths_and_methods_answer_json_errors(srv: LiveServer) -> None:
     assert r.status_code == 404 and r.json()["status"] == 404 and "/wallet/self/api-credit" in r.json()["message"]
     r = httpx.put(srv.http + "/v1/tts")
     assert r.status_code == 405 and r.json()["status"] == 405 and r.headers["allow"] == "POST"
+    for path, methods in (("/model", {"GET", "HEAD", "POST"}), ("/model/some-id", {"GET", "HEAD", "PATCH", "DELETE"})):
+        r = httpx.put(srv.http + path)  # a path several handlers serve: the Allow header lists them all
+        assert r.status_code == 405 and set(r.headers["allow"].split(", ")) == methods, r.headers
 
 
 def test_reference_id_lists_voice_every_speaker(srv: LiveServer, ref_wav: bytes) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -22,6 +22,18 @@ from rtts.ws.protocol import error_json
 from rtts.ws.runtime import Runtime
 
 log = logging.getLogger("rtts.server")
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def by_method(**handlers: Endpoint) -> Endpoint:
+    """One endpoint for a path whose methods have different handlers (HEAD as GET)."""
+
+    async def endpoint(request: Request) -> Response:
+        method = "GET" if request.method == "HEAD" else request.method
+        return await handlers[method](request)
+
+    return endpoint
 
 
 def web_dir() -> Path | None:
@@ -97,12 +109,12 @@ def create_app(rt: Runtime) -> Starlette:
         Route("/v1/references/add", http.references_add, methods=["POST"]),
         Route("/v1/references/list", http.references_list, methods=["GET", "POST"]),
         Route("/v1/references/delete", http.references_delete, methods=["DELETE", "POST"]),
-        # the SDK's voice management (client.voices), over the same store
-        Route("/model", models_api.list_models, methods=["GET"]),
-        Route("/model", models_api.create_model, methods=["POST"]),
-        Route("/model/{model_id}", models_api.get_model, methods=["GET"]),
-        Route("/model/{model_id}", models_api.update_model, methods=["PATCH"]),
-        Route("/model/{model_id}", models_api.delete_model, methods=["DELETE"]),
+        # the SDK's voice management (client.voices), over the same store; one route per path, so that a 405 lists
+        # every method the path serves
+        Route("/model", by_method(GET=models_api.list_models, POST=models_api.create_model),
+              methods=["GET", "POST"]),
+        Route("/model/{model_id}", by_method(GET=models_api.get_model, PATCH=models_api.update_model,
+                                             DELETE=models_api.delete_model), methods=["GET", "PATCH", "DELETE"]),
         Route("/v1/health", http.health, methods=["GET", "POST"]),
         Route("/metrics", http.metrics, methods=["GET"]),
         Route("/v1/info", info, methods=["GET"]),
