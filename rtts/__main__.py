@@ -57,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replay prompt chunks from CUDA graphs (default: on unless RTTS_PREFILL_GRAPHS=0; CUDA only)")
     v.add_argument("--random-preset", choices=["s2-pro", "s1-mini", "tiny"],
                    help="benchmarking: serve random weights of a preset built in memory (no checkpoint)")
-    v.add_argument("--fp8", action="store_true", help="with --random-preset: quantize the linears to block FP8")
+    v.add_argument("--fp8", action="store_true",
+                   help="quantize the transformer linears to block FP8 at load (a checkpoint written by `rtts "
+                        "quantize` is FP8 already; dimensions must be multiples of 128)")
 
     c = sub.add_parser("codec", help="encode audio to codes or decode codes to audio")
     csub = c.add_subparsers(dest="codec_cmd", required=True)

@@ -127,3 +127,32 @@ def test_norm_kernels_quantize_for_the_fp8_linears(demo: tuple[Path, Path], monk
             outs.append((*block(x, rope, kc, vc, rows, positions, 8), *block(x, rope, kc, vc, rows, positions, 8, r),
                          kc))
     assert all(torch.equal(a, b) for a, b in zip(outs[0], outs[1]))
+
+
+def test_quantize_at_load_equals_the_quantized_checkpoint(demo: tuple[Path, Path],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rtts serve --fp8` (and --random-preset --fp8, every FP8 benchmark) quantizes the loaded model in place: the
+    same FP8 weights and scales as `rtts quantize` then load. The flag reaches the server for real checkpoints too
+    (it was read only with --random-preset)."""
+    from rtts.model.quant import quantize_model_
+    from rtts.ws import runtime, server
+
+    src, dst = demo
+    q = load_model(dst, dtype=torch.bfloat16)
+    live = load_model(src, dtype=torch.bfloat16)
+    quantize_model_(live.model)
+    want = {name: mod for name, mod in q.model.named_modules() if isinstance(mod, FP8Linear)}
+    got = {name: mod for name, mod in live.model.named_modules() if isinstance(mod, FP8Linear)}
+    assert want.keys() == got.keys() and len(want) == 2 * 2 * (2 + 3)  # (slow, fast) x layers x (wqkv, wo, w1-3)
+    for name, mod in want.items():
+        assert torch.equal(mod.weight.view(torch.uint8), got[name].weight.view(torch.uint8)), name
+        assert torch.equal(mod.weight_scale, got[name].weight_scale), name
+    quantize_model_(live.model)  # an FP8 model has nothing left to quantize
+    assert {n for n, m in live.model.named_modules() if isinstance(m, FP8Linear)} == want.keys()
+
+    configs: list[runtime.ServerConfig] = []
+    monkeypatch.setattr(server, "serve", lambda config, rt=None: configs.append(config))
+    main(["serve", "--checkpoint", str(src), "--fp8", "--voices-dir", str(src.parent / "voices")])
+    assert configs and configs[0].fp8
+    rt = runtime.Runtime(runtime.ServerConfig(checkpoint=str(src), fp8=True, warmup=False, cuda_graphs=False))
+    assert any(isinstance(m, FP8Linear) for m in rt.loaded.model.modules())

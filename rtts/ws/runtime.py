@@ -18,6 +18,7 @@ from rtts.engine.engine import DEFAULT_PREFILL_ROWS, Engine
 from rtts.model.codec import Codec, load_codec
 from rtts.model.loading import LoadedModel, load_model
 from rtts.model.prompt import Reference
+from rtts.model.quant import quantize_model_
 from rtts.model.random_checkpoint import ensure_default_checkpoint
 from rtts.pingpong import NoSlotError, Scheduler, SchedulerConfig, StreamHandle
 from rtts.startup import freeze_startup_objects
@@ -56,6 +57,7 @@ class ServerConfig:
     codec_graphs: bool = True  # audio chunks decoded from CUDA graphs (SchedulerConfig.codec_graphs)
     codec_tf32: bool = True  # the codec's convolutions on TF32 tensor cores on CUDA (SchedulerConfig.codec_tf32)
     prefill_graphs: bool = True  # prompt chunks replayed from CUDA graphs (SchedulerConfig.prefill_graphs)
+    fp8: bool = False  # quantize the transformer linears at load (`rtts quantize` does it ahead of time)
 
 
 class Runtime:
@@ -72,6 +74,8 @@ class Runtime:
                      "bfloat16": torch.bfloat16, "float32": torch.float32}[config.dtype]
             t0 = time.perf_counter()
             loaded = load_model(ckpt, device=device, dtype=dtype)
+            if config.fp8:  # a checkpoint already in FP8 has nothing left to quantize
+                quantize_model_(loaded.model)
             codec = load_codec(ckpt, device=device, dtype=torch.float32)
             log.info("loaded %s (%s, %s) in %.1f s", ckpt, loaded.config.model_type, dtype, time.perf_counter() - t0)
         assert codec is not None
