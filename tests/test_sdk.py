@@ -200,14 +200,22 @@ def test_http_convert_and_stream(client: FishAudio) -> None:
 # ------------------------------------------------------------------------------------------------------------ voices
 
 
-def test_inline_reference_cloning(client: FishAudio, ref_wav: bytes) -> None:
-    refs = [ReferenceAudio(audio=ref_wav, text="The quick brown fox jumps over the lazy dog.")]
-    for _ in range(2):  # the second time the encoded reference comes from the content-hash cache
+def test_inline_reference_cloning(srv: LiveServer, client: FishAudio, ref_wav: bytes,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inline references clone over WebSocket and HTTP; the audio is encoded once, then comes from the content-hash
+    cache (the same clip sent again costs no codec encode)."""
+    audio = ref_wav + b"\0\0"  # a clip no other test sent (trailing bytes in the data chunk's slack)
+    encodes: list[int] = []
+    encoder = srv.rt.voices.encoder
+    monkeypatch.setattr(srv.rt.voices, "encoder", lambda a: (encodes.append(len(a)), encoder(a))[1])
+    refs = [ReferenceAudio(audio=audio, text="The quick brown fox jumps over the lazy dog.")]
+    for _ in range(2):
         data = b"".join(client.tts.stream_websocket(iter(["Cloned voice. "]), references=refs,
                                                     config=_config("pcm", 24000)))
         check_audio(data, "pcm", 24000)
     check_audio(client.tts.convert(text="Cloned over HTTP.", references=refs, config=_config("wav", None)),
                 "wav", 44100)
+    assert encodes == [len(audio)]
 
 
 def test_reference_id_lifecycle(srv: LiveServer, client: FishAudio, ref_wav: bytes) -> None:
