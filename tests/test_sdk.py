@@ -188,6 +188,28 @@ def test_legacy_http_session(srv: LiveServer) -> None:
     check_audio(data, "wav", 44100)
 
 
+def test_legacy_cloning_and_errors(srv: LiveServer, ref_wav: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The legacy SDK clones from inline references over WebSocket and HTTP, and raises its own errors for a voice
+    the server does not have (WebSocketErr from finish/error; HttpCodeErr with the JSON error's status)."""
+    from fish_audio_sdk import HttpCodeErr, ReferenceAudio, Session, WebSocketErr, WebSocketSession
+
+    short_legacy_websocket(monkeypatch)
+    refs = [ReferenceAudio(audio=ref_wav, text="The quick brown fox jumps over the lazy dog.")]
+    with WebSocketSession("anything", base_url=srv.http) as ws:
+        pcm = b"".join(ws.tts(ShortLegacyRequest(text="", format="pcm", sample_rate=24000, references=refs),
+                              iter(["Cloned by the legacy SDK."])))
+        with pytest.raises(WebSocketErr):
+            b"".join(ws.tts(ShortLegacyRequest(text="", format="pcm", reference_id="no-such-voice"),
+                            iter(["Nobody."])))
+    check_audio(pcm, "pcm", 24000)
+    s = Session("anything", base_url=srv.http)
+    check_audio(b"".join(s.tts(ShortLegacyRequest(text="Cloned over HTTP.", format="wav", references=refs))),
+                "wav", 44100)
+    with pytest.raises(HttpCodeErr) as err:
+        b"".join(s.tts(ShortLegacyRequest(text="Nobody.", format="wav", reference_id="no-such-voice")))
+    assert err.value.status == 400  # (the legacy SDK reports the reason phrase, not the JSON message)
+
+
 # -------------------------------------------------------------------------------------------------------------- HTTP
 
 
