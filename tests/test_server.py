@@ -738,6 +738,43 @@ def test_idle_sockets_do_not_hold_capacity(srv: LiveServer) -> None:
     srv.wait_idle()
 
 
+def test_browser_demo_is_served(srv: LiveServer) -> None:
+    """The demo page at `/` and the scripts it loads from /web (not the "not installed" fallback)."""
+    page = httpx.get(srv.http + "/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert "not installed" not in page.text
+    for script in ("app.js", "msgpack.js"):
+        assert script in page.text
+        r = httpx.get(f"{srv.http}/web/{script}")
+        assert r.status_code == 200 and len(r.content) > 100, script
+
+
+def test_latency_probe_writes_a_report(srv: LiveServer, tmp_path: Path) -> None:
+    """clients/probe.py (the TTFA probe behind latency_reports/) against a real server: a JSON report with every
+    session's raw chunk times, TTFA as the first chunk's, the audio it played and its real-time factor, and the
+    readable table beside it."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, str(repo / "clients" / "probe.py"), "--url", srv.ws, "--concurrency", "1,2", "--rounds", "1",
+           "--max-new-tokens", "8", "--settle", "0.1", "--name", "t", "--commit", "test", "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    report = json.loads(next(tmp_path.glob("*_test_t.json")).read_text())
+    assert set(report["levels"]) == {"1", "2"} and "--concurrency 1,2" in report["command"]
+    for c, runs in report["levels"].items():
+        assert len(runs) == int(c)
+        for r in runs:
+            assert r["ok"] and r["finish"] == "stop", r
+            times = [t for t, _ in r["chunks"]]
+            assert r["ttfa_s"] == times[0] > 0 and times == sorted(times)
+            assert r["audio_s"] == pytest.approx(sum(n for _, n in r["chunks"]) / 2 / 44100)
+            assert r["rtf"] == pytest.approx((times[-1] - times[0]) / r["audio_s"])
+    table = next(tmp_path.glob("*_test_t.md")).read_text()
+    assert "| 1 | 1/1 |" in table and "| 2 | 2/2 |" in table
+    srv.wait_idle()
+
+
 # ------------------------------------------------------------------------------------------------ cancel extension
 
 
