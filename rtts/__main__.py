@@ -70,6 +70,23 @@ def build_parser() -> argparse.ArgumentParser:
         cc.add_argument("--checkpoint", help="checkpoint directory holding codec.pth (default: embedded model)")
         cc.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
 
+    vo = sub.add_parser("voices", help="stored voices (a voice's id is the reference_id clients send)")
+    vsub = vo.add_subparsers(dest="voices_cmd", required=True)
+    va = vsub.add_parser("add", help="store a voice from a clip of the speaker and its exact transcript")
+    va.add_argument("voice_id")
+    va.add_argument("audio", help="the clip (WAV, FLAC, OGG, MP3)")
+    va.add_argument("--text", required=True, help="the clip's exact transcript")
+    va.add_argument("--title", default="", help="a display name (the SDK's voice title)")
+    va.add_argument("--checkpoint", help="the checkpoint whose codec encodes the clip: the one `rtts serve` will use "
+                                         "(default: embedded model)")
+    va.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    for name, helptext in (("list", "list the stored voices"), ("delete", "delete a stored voice")):
+        vx = vsub.add_parser(name, help=helptext)
+        if name == "delete":
+            vx.add_argument("voice_id")
+    for vx in (va, *(vsub.choices[n] for n in ("list", "delete"))):
+        vx.add_argument("--voices-dir", help="stored voices (default: $RTTS_HOME/voices, where `rtts serve` looks)")
+
     qz = sub.add_parser("quantize", help="write a block-scaled FP8 copy of a checkpoint (serve it with --checkpoint)")
     qz.add_argument("src")
     qz.add_argument("dst")
@@ -96,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from rtts.model.errors import CheckpointError, PromptError
 
     handlers = {"synth": cli.cmd_synth, "codec": cli.cmd_codec, "make-random-checkpoint": cli.cmd_make_random,
-                "serve": cli.cmd_serve, "quantize": cli.cmd_quantize}
+                "serve": cli.cmd_serve, "quantize": cli.cmd_quantize, "voices": cli.cmd_voices}
     try:
         handlers[args.command](args)
     except (CheckpointError, PromptError, AudioError, ValueError, FileNotFoundError, PermissionError) as e:

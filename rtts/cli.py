@@ -197,6 +197,34 @@ def cmd_serve(args: argparse.Namespace) -> None:
     serve(config, Runtime(config, loaded=loaded, codec=codec))
 
 
+def cmd_voices(args: argparse.Namespace) -> None:
+    """`rtts voices add|list|delete`: the store `rtts serve` reads (its --voices-dir default), so a voice added here
+    is a reference_id once the server starts. A clip is encoded by the codec of the checkpoint given (the one the
+    server will run: codes from another codec would be another voice)."""
+    from rtts.model.random_checkpoint import default_checkpoint_dir
+    from rtts.voices import VoiceMeta, VoiceStore
+
+    root = args.voices_dir or str(default_checkpoint_dir().parent / "voices")
+    if args.voices_cmd != "add":
+        store = VoiceStore(root, lambda audio: np.zeros((0, 0), np.int64))  # no encoding: list / delete only
+        if args.voices_cmd == "list":
+            for v in store.list():
+                print(f"{v.id}\t{v.codes.shape[1]} frames\t{v.text}")
+        elif not store.delete(args.voice_id):
+            raise ValueError(f"no stored voice {args.voice_id!r} in {root}")
+        return
+    path = Path(args.audio)
+    if not path.is_file():
+        raise ValueError(f"{args.audio}: file not found")
+    codec = load_codec(resolve_checkpoint(args.checkpoint), device=resolve_device(args.device), dtype=torch.float32)
+
+    def encode(audio: bytes) -> np.ndarray:
+        return encode_audio(codec, read_audio(audio, codec.config.sample_rate, MAX_REFERENCE_SECONDS)).numpy()
+
+    voice = VoiceStore(root, encode).add(args.voice_id, path.read_bytes(), args.text, VoiceMeta(title=args.title))
+    _log(f"stored voice {voice.id!r} ({voice.codes.shape[1]} frames) in {root}: send reference_id={voice.id!r}")
+
+
 def cmd_quantize(args: argparse.Namespace) -> None:
     from rtts.model.quant import quantize_checkpoint
 

@@ -54,6 +54,33 @@ def test_synth_clones_from_reference_audio(golden: Path, tmp_path: Path) -> None
     assert 0 < audio.size <= 11 * 2048 and np.isfinite(audio).all()
 
 
+def test_voices_add_list_delete(golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rtts voices add ID CLIP --text` stores what `rtts serve` loads as reference_id ID (codes from the checkpoint's
+    codec, the same as `rtts codec encode` gives); list shows it; delete removes it; errors are one line."""
+    from rtts.voices import VoiceStore
+
+    ckpt, voices = golden / "tiny-s2", tmp_path / "voices"
+    clip = ckpt / "fixtures" / "codec" / "encode1s.signal.wav"
+    main(["voices", "add", "my-voice", str(clip), "--text", "Reference words.", "--title", "Me",
+          "--checkpoint", str(ckpt), "--voices-dir", str(voices)])
+    main(["codec", "encode", str(clip), str(tmp_path / "codes.npy"), "--checkpoint", str(ckpt)])
+    v = VoiceStore(voices, lambda audio: np.zeros((0, 0), np.int64)).get("my-voice")
+    assert v.text == "Reference words." and v.meta.title == "Me"
+    assert np.array_equal(v.codes, np.load(tmp_path / "codes.npy"))
+    capsys.readouterr()
+    main(["voices", "list", "--voices-dir", str(voices)])
+    assert capsys.readouterr().out.startswith(f"my-voice\t{v.codes.shape[1]} frames\tReference words.")
+    main(["voices", "delete", "my-voice", "--voices-dir", str(voices)])
+    for argv, needle in ((["voices", "delete", "my-voice"], "no stored voice"),
+                         (["voices", "add", "bad id!", str(clip), "--text", "x", "--checkpoint", str(ckpt)],
+                          "invalid voice id"),
+                         (["voices", "add", "v", str(tmp_path / "missing.wav"), "--text", "x"], "not found")):
+        with pytest.raises(SystemExit):
+            main([*argv, "--voices-dir", str(voices)])
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1, err
+
+
 def test_codec_encode_decode(golden: Path, tmp_path: Path) -> None:
     ckpt, codec_fx = golden / "tiny-s2", golden / "tiny-s2" / "fixtures" / "codec"
     main(["codec", "encode", str(codec_fx / "encode1s.signal.wav"), str(tmp_path / "c.npy"), "--checkpoint", str(ckpt)])
