@@ -738,6 +738,23 @@ def test_idle_sockets_do_not_hold_capacity(srv: LiveServer) -> None:
     srv.wait_idle()
 
 
+def test_voice_prompt_prefilled_at_start(srv: LiveServer, ref_wav: bytes) -> None:
+    """The voice is prefilled the moment a session starts, before any text: its stream's KV holds the voice prompt
+    while the client has sent only `start`."""
+    srv.wait_idle()
+    with srv.connect() as ws:
+        ws.send(start_msg(references=[{"audio": ref_wav, "text": REF_TEXT}], **greedy(max_new_tokens=4)))
+        deadline = time.monotonic() + 30
+        while not any(st.voice_len > 0 for st in list(srv.rt.scheduler.streams.values())):
+            assert time.monotonic() < deadline, "no stream prefilled its voice before any text"
+            time.sleep(0.01)
+        ws.send(text_msg("Now the text."))
+        ws.send(STOP)
+        events, fin = until_finish(ws)
+        assert fin["reason"] == "stop" and events
+    srv.wait_idle()
+
+
 def test_browser_demo_is_served(srv: LiveServer) -> None:
     """The demo page at `/` and the scripts it loads from /web (not the "not installed" fallback)."""
     page = httpx.get(srv.http + "/")
