@@ -202,7 +202,7 @@ def cmd_voices(args: argparse.Namespace) -> None:
     is a reference_id once the server starts. A clip is encoded by the codec of the checkpoint given (the one the
     server will run: codes from another codec would be another voice)."""
     from rtts.model.random_checkpoint import default_checkpoint_dir
-    from rtts.voices import VoiceMeta, VoiceStore
+    from rtts.voices import VOICE_ID, VoiceMeta, VoiceStore
 
     root = args.voices_dir or str(default_checkpoint_dir().parent / "voices")
     if args.voices_cmd != "add":
@@ -216,6 +216,8 @@ def cmd_voices(args: argparse.Namespace) -> None:
     path = Path(args.audio)
     if not path.is_file():
         raise ValueError(f"{args.audio}: file not found")
+    if not VOICE_ID.fullmatch(args.voice_id):  # before loading a codec for nothing
+        raise ValueError(f"invalid voice id {args.voice_id!r}: use 1-128 letters, digits, '_', '-', '.'")
     codec = load_codec(resolve_checkpoint(args.checkpoint), device=resolve_device(args.device), dtype=torch.float32)
 
     def encode(audio: bytes) -> np.ndarray:

@@ -72,8 +72,7 @@ def test_voices_add_list_delete(golden: Path, tmp_path: Path, capsys: pytest.Cap
     assert capsys.readouterr().out.startswith(f"my-voice\t{v.codes.shape[1]} frames\tReference words.")
     main(["voices", "delete", "my-voice", "--voices-dir", str(voices)])
     for argv, needle in ((["voices", "delete", "my-voice"], "no stored voice"),
-                         (["voices", "add", "bad id!", str(clip), "--text", "x", "--checkpoint", str(ckpt)],
-                          "invalid voice id"),
+                         (["voices", "add", "bad id!", str(clip), "--text", "x"], "invalid voice id"),
                          (["voices", "add", "v", str(tmp_path / "missing.wav"), "--text", "x"], "not found")):
         with pytest.raises(SystemExit):
             main([*argv, "--voices-dir", str(voices)])
@@ -100,6 +99,21 @@ def test_make_random_tiny_then_synth(tmp_path: Path) -> None:
     main(["make-random-checkpoint", "--preset", "tiny", str(again)])
     for name in ("model.safetensors", "config.json", "tokenizer.json"):
         assert (out / name).read_bytes() == (again / name).read_bytes()
+
+
+def test_embedded_default_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --checkpoint, `rtts synth` and the server make the embedded default model under $RTTS_HOME on first
+    use (the README's `rtts serve` runs on it) and say it is one."""
+    from rtts.model.random_checkpoint import default_checkpoint_dir
+    from rtts.ws.runtime import Runtime, ServerConfig
+
+    monkeypatch.setenv("RTTS_HOME", str(tmp_path / "home"))
+    main(["synth", "Default model.", "--seed", "1", "--max-frames", "4", "-o", str(tmp_path / "o.wav")])
+    assert default_checkpoint_dir().is_relative_to(tmp_path) and (default_checkpoint_dir() / "codec.pth").exists()
+    audio, rate = sf.read(tmp_path / "o.wav")
+    assert rate == 44100 and 0 < audio.size
+    rt = Runtime(ServerConfig(warmup=False, cuda_graphs=False, voices_dir=str(tmp_path / "voices")))
+    assert rt.default_model and rt.checkpoint is None
 
 
 @pytest.mark.parametrize(
