@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--checkpoint", help="the checkpoint whose codec encodes the clip: the one `rtts serve` will use "
                                          "(default: embedded model)")
     va.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    va.add_argument("--max-reference-seconds", type=float, default=60.0,
+                    help="the longest clip (rtts serve's limit for references, default 60)")
     for name, helptext in (("list", "list the stored voices"), ("delete", "delete a stored voice")):
         vx = vsub.add_parser(name, help=helptext)
         if name == "delete":
@@ -116,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "serve": cli.cmd_serve, "quantize": cli.cmd_quantize, "voices": cli.cmd_voices}
     try:
         handlers[args.command](args)
-    except (CheckpointError, PromptError, AudioError, ValueError, FileNotFoundError, PermissionError) as e:
+    except (CheckpointError, PromptError, AudioError, ValueError, OSError) as e:
         print(f"rtts: error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

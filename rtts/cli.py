@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rtts.audio.io import read_audio, write_wav
+from rtts.audio.io import AudioError, read_audio, write_wav
 from rtts.engine.engine import DEFAULT_PREFILL_ROWS, Engine
 from rtts.engine.synth import Synthesizer
 from rtts.model.codec import Codec, load_codec
@@ -218,10 +218,16 @@ def cmd_voices(args: argparse.Namespace) -> None:
         raise ValueError(f"{args.audio}: file not found")
     if not VOICE_ID.fullmatch(args.voice_id):  # before loading a codec for nothing
         raise ValueError(f"invalid voice id {args.voice_id!r}: use 1-128 letters, digits, '_', '-', '.'")
+    if not args.text.strip():
+        raise ValueError("--text is empty: give the clip's exact transcript")
     codec = load_codec(resolve_checkpoint(args.checkpoint), device=resolve_device(args.device), dtype=torch.float32)
 
     def encode(audio: bytes) -> np.ndarray:
-        return encode_audio(codec, read_audio(audio, codec.config.sample_rate, MAX_REFERENCE_SECONDS)).numpy()
+        try:
+            pcm = read_audio(audio, codec.config.sample_rate, args.max_reference_seconds)
+        except AudioError as e:  # name the file, not the bytes object
+            raise ValueError(f"{args.audio}: {str(e).replace('audio bytes: ', '')}") from None
+        return encode_audio(codec, pcm).numpy()
 
     voice = VoiceStore(root, encode).add(args.voice_id, path.read_bytes(), args.text, VoiceMeta(title=args.title))
     _log(f"stored voice {voice.id!r} ({voice.codes.shape[1]} frames) in {root}: send reference_id={voice.id!r}")

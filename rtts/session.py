@@ -195,7 +195,9 @@ class Session:
         # chunk replaces.
         self.audio_seconds = 0.0  # the session's output timeline: where the next turn starts
         self._tail_held = False  # the codec holds the end of the last turn (TAIL_IDLE_SECONDS)
-        self._t_first_audio: float | None = None  # when the session's first audio message went out
+        # When the client will have played all audio sent so far, as if it plays in real time from each arrival:
+        # after a quiet stretch (the user talking) playback restarts from the next audio.
+        self._play_end = 0.0
         # seq, offset, text, seconds of its speech so far, seconds of its audio so far (the speech plus any silence
         # that released a codec's tail)
         self._chunk: tuple[int, float, str, float, float] = (0, 0.0, "", 0.0, 0.0)
@@ -304,8 +306,7 @@ class Session:
         """The next queued turn (None: the end marker). While the codec holds the last turn's end, wait for one only
         until the client is about to run out of audio (TAIL_IDLE_SECONDS at least), then release that end."""
         if self._tail_held:
-            played = time.perf_counter() - (self._t_first_audio or time.perf_counter())
-            wait = max(TAIL_IDLE_SECONDS, self.audio_seconds - played - TAIL_MARGIN_SECONDS)
+            wait = max(TAIL_IDLE_SECONDS, self._play_end - time.perf_counter() - TAIL_MARGIN_SECONDS)
             try:
                 return await asyncio.wait_for(self._turns.get(), wait)
             except asyncio.TimeoutError:
@@ -321,11 +322,15 @@ class Session:
         seq, offset, text, speech, total = self._chunk
         self._chunk = (seq, offset, text, speech, total + seconds)
         self.audio_seconds += seconds
+        self._played(seconds)
         await self._emit(self.rechunker.push(encoded) + self.rechunker.flush(), content=text)
+
+    def _played(self, seconds: float) -> None:
+        """`seconds` more audio on its way to the client (its playback estimate: _play_end)."""
+        self._play_end = max(self._play_end, time.perf_counter()) + seconds
 
     async def _stream_turn(self, outbox: Outbox, text: str, timing: _Timing) -> None:
         start_s = self.audio_seconds
-        self._tail_held = False  # this turn's audio pushes the last one's end out of the codec
         seq, self._turns_streamed = self._turns_streamed, self._turns_streamed + 1
         turn_seconds = 0.0
         async for item in outbox:
@@ -333,8 +338,11 @@ class Session:
                 self.frames += item.frames
                 self.metrics.frames(item.frames)
                 encoded = self.encoder.push(item.pcm)
+                self._tail_held = False  # this audio pushes the last turn's held end out of the codec
                 # Output time: prosody.speed shortens the audio by that factor.
-                turn_seconds += item.pcm.size / item.sample_rate / self.spec.speed
+                seconds = item.pcm.size / item.sample_rate / self.spec.speed
+                turn_seconds += seconds
+                self._played(seconds)
                 self._chunk = (seq, start_s, text, turn_seconds, turn_seconds)
                 await self._emit(self.rechunker.push(encoded), content=text, timing=timing)
             elif isinstance(item, TurnEnd):
@@ -355,10 +363,12 @@ class Session:
                 pad_seconds = pad / self.encoder.output_rate
                 if pad:
                     pieces += self.rechunker.push(self.encoder.silence(pad))
+                    self._played(pad_seconds)
                     self._chunk = (seq, start_s, text, turn_seconds, turn_seconds + pad_seconds)
                 await self._emit(pieces + self.rechunker.flush(), content=text, timing=timing)
                 self.audio_seconds = start_s + turn_seconds + pad_seconds
-                self._tail_held = turn_seconds > 0 and self.encoder.holds_tail
+                if turn_seconds > 0:  # (a turn without audio leaves the last one's held end held)
+                    self._tail_held = self.encoder.holds_tail
 
     async def _emit(self, pieces: list[bytes], content: str, timing: _Timing | None = None) -> None:
         for audio in pieces:
@@ -372,8 +382,6 @@ class Session:
                                        elapsed_ms=(time.perf_counter() - self.t_start) * 1000)
             await self.on_audio(audio, extra)
             now = time.perf_counter()
-            if self._t_first_audio is None:
-                self._t_first_audio = now
             if timing is not None:
                 if not timing.first_sent:
                     timing.first_sent = True

@@ -71,11 +71,18 @@ def test_voices_add_list_delete(golden: Path, tmp_path: Path, capsys: pytest.Cap
     main(["voices", "list", "--voices-dir", str(voices)])
     assert capsys.readouterr().out.startswith(f"my-voice\t{v.codes.shape[1]} frames\tReference words.")
     main(["voices", "delete", "my-voice", "--voices-dir", str(voices)])
+    (tmp_path / "junk.wav").write_bytes(b"not audio at all" * 10)
     for argv, needle in ((["voices", "delete", "my-voice"], "no stored voice"),
                          (["voices", "add", "bad id!", str(clip), "--text", "x"], "invalid voice id"),
-                         (["voices", "add", "v", str(tmp_path / "missing.wav"), "--text", "x"], "not found")):
+                         (["voices", "add", "v", str(tmp_path / "missing.wav"), "--text", "x"], "not found"),
+                         (["voices", "add", "v", str(clip), "--text", " "], "--text is empty"),
+                         (["voices", "add", "v", str(clip), "--text", "x", "--checkpoint", str(ckpt),
+                           "--max-reference-seconds", "0.5"], "limit"),  # serve's limit, not a longer one
+                         (["voices", "add", "v", str(tmp_path / "junk.wav"), "--text", "x", "--checkpoint",
+                           str(ckpt)], "junk.wav"),
+                         (["voices", "list", "--voices-dir", str(clip)], "rtts: error")):  # a file, not a dir
         with pytest.raises(SystemExit):
-            main([*argv, "--voices-dir", str(voices)])
+            main(argv if "--voices-dir" in argv else [*argv, "--voices-dir", str(voices)])
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1, err
 

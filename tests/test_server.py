@@ -634,6 +634,7 @@ def test_a_refused_start_is_its_sessions_only_finish(srv: LiveServer) -> None:
         for request, words in refusals:
             ws.send(start_msg(**request))
             ws.send(text_msg("Pipecat keeps talking."))
+            ws.send(b"\xc1 not msgpack")  # a bad message for the refused session: dropped with it
             ws.send(FLUSH)
             ws.send(STOP)
             expect_error(ws, words)

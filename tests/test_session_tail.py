@@ -99,6 +99,38 @@ def test_held_end_released_once_the_client_runs_out(fmt: str) -> None:
     assert session.audio_seconds == pytest.approx(0.3 + TAIL_PAD_SECONDS, abs=1e-3)  # released once
 
 
+def test_no_silence_between_sentences_after_a_quiet_stretch() -> None:
+    """Playback is estimated from each audio's arrival: after the user talked for a while (no audio), a reply's
+    sentences that come while its earlier audio still plays get no silence between them."""
+
+    async def script(s: Session) -> None:
+        s.text("One.")
+        s.flush()
+        await asyncio.sleep(3.0)  # the first reply's end is released; then a quiet stretch (3 s > its audio)
+        s.text("Two.")
+        s.flush()
+        await asyncio.sleep(0.4)  # the client plays 2 s of "Two."
+        s.text("Three.")
+        await s.stop()
+
+    session, _ = asyncio.run(run([0.3, 2.0, 1.0], script))
+    assert session.audio_seconds == pytest.approx(0.3 + TAIL_PAD_SECONDS + 2.0 + 1.0, abs=1e-3)
+
+
+def test_a_turn_without_audio_keeps_the_last_end_held_until_released() -> None:
+    async def script(s: Session) -> None:
+        s.text("One.")
+        s.flush()
+        await asyncio.sleep(0.05)
+        s.text("Nothing.")
+        s.flush()
+        await asyncio.sleep(0.3 + TAIL_IDLE_SECONDS + 0.5)
+        assert s.audio_seconds == pytest.approx(0.3 + TAIL_PAD_SECONDS, abs=1e-3)  # released all the same
+        await s.stop()
+
+    asyncio.run(run([0.3, 0.0], script))
+
+
 def test_no_silence_after_a_turn_without_audio() -> None:
     async def script(s: Session) -> None:
         s.text("Nothing.")

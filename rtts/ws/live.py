@@ -163,6 +163,9 @@ class Connection:
         try:
             ev = decode_client_message(data, self.rt.config.limits)
         except ProtocolError as e:
+            if self.refused and e.event != "start" and self.session is None:
+                log.info("bad message for a refused start dropped: %s", e)  # that session has its finish
+                return
             await self.error(str(e))
             self.refused = e.event == "start"
             return
@@ -174,6 +177,7 @@ class Connection:
             # Pipelined: the next utterance's start came before the last one's finish. It begins once that session
             # has drained (its audio and finish go out first); meanwhile its stream is not idle (_idle).
             self.starting = True
+            self.rt.idle_stream(self, None)  # registered when the session before it finished: in use again
             try:
                 await self._drained()
                 if self.session is not None:
