@@ -643,6 +643,27 @@ def test_a_refused_start_is_its_sessions_only_finish(srv: LiveServer) -> None:
     srv.wait_idle()
 
 
+def test_a_session_ended_by_a_bad_message_resumes_at_the_next_flush(srv: LiveServer) -> None:
+    """A bad message mid-session ends it with finish/error; what the client sends for it afterwards gets no finish
+    of its own: its text and flush resume the session with the same start (a Pipecat call goes on), and a stop ends
+    it quietly."""
+    with srv.connect() as ws:
+        ws.send(start_msg(**greedy(max_new_tokens=4)))
+        ws.send(b"\xc1 not msgpack")
+        expect_error(ws, "MessagePack")
+        ws.send(text_msg("Pipecat keeps talking."))
+        ws.send(FLUSH)
+        ws.send(STOP)
+        events, fin = until_finish(ws)
+        assert fin == {"event": "finish", "reason": "stop"} and events
+        ws.send(start_msg(**greedy(max_new_tokens=4)))
+        ws.send(b"\xc1 not msgpack")
+        expect_error(ws, "MessagePack")
+        ws.send(STOP)  # the SDK's way after an error: nothing more comes
+        assert_usable(ws)
+    srv.wait_idle()
+
+
 def test_bad_inputs_finish_with_error(srv: LiveServer, golden: Path) -> None:
     """Each bad input: finish/error with a message naming the problem, the same socket then runs a good session,
     and a good session on another socket keeps streaming throughout."""

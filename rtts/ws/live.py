@@ -83,15 +83,21 @@ class Connection:
 
     async def error(self, message: str) -> None:
         """End the current session (if any) with finish/error; without one, still answer with finish/error. A session
-        draining after `stop` finishes first: the error is the next message's, not that session's."""
+        draining after `stop` finishes first: the error is the next message's, not that session's. A session this
+        ends is kept as one the server ended (_resume): the text, flush and stop the client still sends for it get
+        no finish of their own, and a flush resumes it (Pipecat keeps one session per call)."""
         self._clear_resume()
         await self._drained()
+        ended = None
         if self.session is not None and not self.session.done.is_set():
+            ended = self.started
             await self.session.abort(message)
         else:
             self.rt.metrics.errors.inc()
             await self.send(finish_event("error", message))
         self._end_session()
+        if ended is not None:
+            self.resume = ended
 
     async def _drained(self) -> None:
         """Wait until a session draining after `stop` has sent its audio and finish (or was aborted), and forget it."""
