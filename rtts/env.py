@@ -13,6 +13,15 @@ def _on_unless_off(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("0", "false", "no", "off")
 
 
+def _choice(name: str, allowed: tuple[str, str]) -> str:
+    """The stripped value of a setting that must be one of `allowed` ("" when unset); anything else is an error
+    rather than a silent default."""
+    v = os.environ.get(name, "").strip()
+    if v not in ("", *allowed):
+        raise ValueError(f"{name} must be {allowed[0]} or {allowed[1]}, got {v!r}")
+    return v
+
+
 def codec_graphs() -> bool:
     """RTTS_CODEC_GRAPHS=0 turns off `rtts serve`'s audio chunk decodes from CUDA graphs (the default of
     --codec-graphs; pingpong/codec_graphs.py). On unless set off: on an H200 they cut WebSocket TTFA at 8 streams
@@ -53,10 +62,7 @@ def gemm_tma_tokens() -> bool:
     """RTTS_GEMM_TMA_TOKENS=0: the lean 128-row FP8 GEMM instances (1-16 tokens, global stream-K) load their tokens by
     cp.async from every consumer instead of by tensor-map TMA from the producer thread (fp8_gemm_wgmma.cu, gemm_body;
     TMA is the default where the driver encodes tensor maps): comparison, bisection."""
-    v = os.environ.get("RTTS_GEMM_TMA_TOKENS", "").strip()
-    if v not in ("", "0", "1"):
-        raise ValueError(f"RTTS_GEMM_TMA_TOKENS must be 0 or 1, got {v!r}")
-    return v != "0"
+    return _choice("RTTS_GEMM_TMA_TOKENS", ("0", "1")) != "0"
 
 
 def gemm_token_major() -> bool | None:
@@ -64,9 +70,7 @@ def gemm_token_major() -> bool | None:
     of the stream-K kernels. Unset: the planner's choice (gemm_plan.prefer_token_major: whole-K plans from 9 tokens,
     cluster pairs from 33, where each measured faster); 1: wherever it has a plan (comparison, tests); 0: never.
     Measured on the H200 (session 13, bench/results): wqkv 64 tokens 9.3 -> 6.8 us, wo 64 7.8 -> 6.5."""
-    v = os.environ.get("RTTS_GEMM_TM", "").strip()
-    if v not in ("", "0", "1"):
-        raise ValueError(f"RTTS_GEMM_TM must be 0 or 1, got {v!r}")
+    v = _choice("RTTS_GEMM_TM", ("0", "1"))
     return None if v == "" else v == "1"
 
 
@@ -81,9 +85,7 @@ def gemm_rows() -> int | None:
     """RTTS_GEMM_ROWS=64|128: force the wgmma GEMM's tile height (64: fp8_gemm_wgmma64, one warpgroup per 64-row
     tile, tokens through a ring; 128: fp8_gemm_wgmma, two warpgroups, tokens staged) for every token count, instead
     of the planner's choice (64 above 16 tokens): comparison, bisection."""
-    v = os.environ.get("RTTS_GEMM_ROWS", "").strip()
-    if v not in ("", "64", "128"):
-        raise ValueError(f"RTTS_GEMM_ROWS must be 64 or 128, got {v!r}")
+    v = _choice("RTTS_GEMM_ROWS", ("64", "128"))
     return int(v) if v else None
 
 

@@ -264,35 +264,31 @@ def test_wgmma64_plan_fits_two_ctas_per_sm() -> None:
     assert kernels.wgmma64_plan(64, 19456, 2560, sms=132, grid=132).grid == 132  # probes override the CTA count
 
 
-def test_tma_token_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    """RTTS_GEMM_TMA_TOKENS: tokens by TMA unless set to 0; anything but 0 / 1 is an error rather than a silent
-    default."""
+@pytest.mark.parametrize("name,unset,cases,bad", [
+    ("RTTS_GEMM_TMA_TOKENS", True, (("0", False), ("1", True), (" 0 ", False)), "yes"),
+    ("RTTS_GEMM_TM", None, (("0", False), ("1", True), (" 1 ", True)), "on"),
+])
+def test_strict_gemm_settings(monkeypatch: pytest.MonkeyPatch, name: str, unset: bool | None,
+                              cases: tuple[tuple[str, bool], ...], bad: str) -> None:
+    """RTTS_GEMM_TMA_TOKENS (tokens by TMA unless set to 0) and RTTS_GEMM_TM (unset leaves the choice to the planner:
+    None; 1 forces the token-major kernel wherever it has a plan, 0 turns it off): anything but 0 / 1 is an error
+    rather than a silent default."""
     from rtts import env
 
-    monkeypatch.delenv("RTTS_GEMM_TMA_TOKENS", raising=False)
-    assert env.gemm_tma_tokens() is True
-    for v, want in (("0", False), ("1", True), (" 0 ", False)):
-        monkeypatch.setenv("RTTS_GEMM_TMA_TOKENS", v)
-        assert env.gemm_tma_tokens() is want
-    monkeypatch.setenv("RTTS_GEMM_TMA_TOKENS", "yes")
-    with pytest.raises(ValueError, match="RTTS_GEMM_TMA_TOKENS"):
-        env.gemm_tma_tokens()
+    read = {"RTTS_GEMM_TMA_TOKENS": env.gemm_tma_tokens, "RTTS_GEMM_TM": env.gemm_token_major}[name]
+    monkeypatch.delenv(name, raising=False)
+    assert read() is unset
+    for v, want in cases:
+        monkeypatch.setenv(name, v)
+        assert read() is want
+    monkeypatch.setenv(name, bad)
+    with pytest.raises(ValueError, match=name):
+        read()
 
 
-def test_token_major_setting_and_preference(monkeypatch: pytest.MonkeyPatch) -> None:
-    """RTTS_GEMM_TM: unset leaves the choice to the planner (None), 1 forces the token-major kernel wherever it has a
-    plan, 0 turns it off, anything else is an error. The planner takes whole-K token-major plans from 9 tokens and
-    cluster-pair plans from 33 (where each measured faster than the stream-K kernels)."""
-    from rtts import env
-
-    monkeypatch.delenv("RTTS_GEMM_TM", raising=False)
-    assert env.gemm_token_major() is None
-    for v, want in (("0", False), ("1", True), (" 1 ", True)):
-        monkeypatch.setenv("RTTS_GEMM_TM", v)
-        assert env.gemm_token_major() is want
-    monkeypatch.setenv("RTTS_GEMM_TM", "on")
-    with pytest.raises(ValueError, match="RTTS_GEMM_TM"):
-        env.gemm_token_major()
+def test_token_major_preference() -> None:
+    """The planner takes whole-K token-major plans from 9 tokens and cluster-pair plans from 33 (where each measured
+    faster than the stream-K kernels)."""
     for M in (1, 8, 9, 16, 17, 32, 33, 64):
         wqkv, wo = kernels.wgmma_tm_plan(M, 6144, 2560, sms=132), kernels.wgmma_tm_plan(M, 2560, 4096, sms=132)
         assert (wqkv.cluster, wo.cluster) == (1, 2) and wqkv.nt == wo.nt == (32 if M <= 32 else 64)
