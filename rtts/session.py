@@ -41,9 +41,9 @@ Alignment = Callable[..., dict[str, object]]  # formats the with-timestamp field
 SUBMIT_AHEAD = 4
 # MP3 and Ogg Opus encoders keep the last ~60 ms of a turn until more audio comes (StreamEncoder.release_tail), which
 # after a `flush` may be the next reply, seconds later. The session releases it with silence once no turn has
-# followed for TAIL_IDLE_SECONDS and the client has at most TAIL_MARGIN_SECONDS of audio left to play (counted from
-# the session's first audio message, as if played in real time): while the client still plays earlier audio the next
-# turn usually comes first and pushes the end out itself, with no silence added between sentences.
+# followed for TAIL_IDLE_SECONDS and the client has at most TAIL_MARGIN_SECONDS of audio left to play (as if it plays
+# in real time from each audio's arrival: Session._played): while the client still plays earlier audio the next turn
+# usually comes first and pushes the end out itself, with no silence added between sentences.
 TAIL_IDLE_SECONDS = 0.1
 TAIL_MARGIN_SECONDS = 0.1
 
@@ -315,15 +315,19 @@ class Session:
         return await self._turns.get()
 
     async def _release_tail(self) -> None:
-        """Out with the end of the last turn the codec holds; its silence lengthens that turn's audio (the session
-        timeline and the timestamps' audio duration; the text's segment still ends where the speech does)."""
+        """Out with the end of the last turn the codec holds, with silence (_add_silence)."""
         self._tail_held = False
         encoded, seconds = self.encoder.release_tail()
+        self._add_silence(seconds)
+        await self._emit(self.rechunker.push(encoded) + self.rechunker.flush(), content=self._chunk[2])
+
+    def _add_silence(self, seconds: float) -> None:
+        """Silence after the last turn's speech lengthens that turn's audio: the session timeline, the timestamps'
+        audio duration and the playback estimate (the text's segment still ends where the speech does)."""
         seq, offset, text, speech, total = self._chunk
         self._chunk = (seq, offset, text, speech, total + seconds)
         self.audio_seconds += seconds
         self._played(seconds)
-        await self._emit(self.rechunker.push(encoded) + self.rechunker.flush(), content=text)
 
     def _played(self, seconds: float) -> None:
         """`seconds` more audio on its way to the client (its playback estimate: _play_end)."""
@@ -358,15 +362,13 @@ class Session:
                 # stretcher and rechunker still hold (the next turn starts afresh). A short raw last message gets a
                 # little silence: Pipecat drops audio events of up to 1024 bytes.
                 pieces = self.rechunker.push(self.encoder.drain())
+                self.audio_seconds = start_s + turn_seconds
                 spoke = turn_seconds > 0 and item.reason != FinishReason.CANCELLED
                 pad = self.encoder.last_message_pad(self.rechunker.pending) if spoke and self.pad_last_message else 0
-                pad_seconds = pad / self.encoder.output_rate
-                if pad:
+                if pad:  # (spoke: self._chunk is this turn's)
                     pieces += self.rechunker.push(self.encoder.silence(pad))
-                    self._played(pad_seconds)
-                    self._chunk = (seq, start_s, text, turn_seconds, turn_seconds + pad_seconds)
+                    self._add_silence(pad / self.encoder.output_rate)
                 await self._emit(pieces + self.rechunker.flush(), content=text, timing=timing)
-                self.audio_seconds = start_s + turn_seconds + pad_seconds
                 if turn_seconds > 0:  # (a turn without audio leaves the last one's held end held)
                     self._tail_held = self.encoder.holds_tail
 
