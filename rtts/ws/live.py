@@ -62,7 +62,7 @@ class Connection:
         self.handle_voice = ""
         self._send_lock = asyncio.Lock()
         self.closed = False  # the client is gone
-        self.starting = False  # a start waits for the session before it to drain
+        self.starting = False  # a start waits for the session before it to drain (its stream is not idle)
 
     # ------------------------------------------------------------------ sending
 
@@ -186,14 +186,12 @@ class Connection:
             self.rt.idle_stream(self, None)  # registered when the session before it finished: in use again
             try:
                 await self._drained()
-                if self.session is not None:
-                    await self.error("'start' received while a session is active; send 'stop' first")
-                    return
-                await self._start(ev)
             finally:
                 self.starting = False
-                if self.session is None or self.session.done.is_set():
-                    self._idle()  # refused: a kept stream is idle again
+            if self.session is not None:
+                await self.error("'start' received while a session is active; send 'stop' first")
+                return
+            await self._start(ev)
             return
         if self.session is None and self.refused:
             if isinstance(ev, (StopEvent, CancelEvent)):
@@ -253,7 +251,6 @@ class Connection:
             self.session.flush()
         else:
             self.resume_text = text
-            self._idle()  # a kept stream is idle again
 
     async def _over_text_limit(self, unspoken: int) -> bool:
         """Whether `unspoken` characters waiting to be spoken pass the limit (then said with finish/error)."""
@@ -289,10 +286,12 @@ class Connection:
                 metrics=self.rt.metrics.session(),
             )
         except NoSlotError:
+            self._idle()  # a stream kept for the same voice is idle again
             await self.error(f"too many concurrent sessions (limit {self.rt.config.max_running}); retry later")
             self.resume = ev  # a client that goes on sending text (Pipecat) gets the session once a slot is free
             return
         except (SessionError, VoiceError, ValueError) as e:
+            self._idle()
             await self.error(str(e))
             self.refused = True
             return
