@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rtts.audio.io import AudioError, read_audio, write_wav
+from rtts.audio.io import read_audio, write_wav
 from rtts.engine.engine import DEFAULT_PREFILL_ROWS, Engine
 from rtts.engine.synth import Synthesizer
-from rtts.model.codec import Codec, load_codec
+from rtts.model.codec import encode_audio, load_codec
 from rtts.model.errors import PromptError
 from rtts.model.loading import load_model
 from rtts.model.prompt import PromptBuilder, Reference
@@ -112,13 +112,6 @@ def cmd_synth(args: argparse.Namespace) -> None:
          f"finish: {reasons}) -> {args.output}")
 
 
-def encode_audio(codec: Codec, audio: np.ndarray) -> torch.Tensor:
-    """Mono float32 at the codec rate -> codes [num_codebooks, frames] (CPU int64)."""
-    with torch.inference_mode():
-        x = torch.from_numpy(audio).to(codec.device, codec.dtype)[None]
-        return codec.encode(x)[0].cpu()
-
-
 def _load_codes(path: str) -> torch.Tensor:
     p = Path(path)
     if not p.is_file():
@@ -202,7 +195,7 @@ def cmd_voices(args: argparse.Namespace) -> None:
     is a reference_id once the server starts. A clip is encoded by the codec of the checkpoint given (the one the
     server will run: codes from another codec would be another voice)."""
     from rtts.model.random_checkpoint import default_checkpoint_dir
-    from rtts.voices import VOICE_ID, VoiceMeta, VoiceStore
+    from rtts.voices import VOICE_ID, VoiceMeta, VoiceStore, reference_encoder
 
     root = args.voices_dir or str(default_checkpoint_dir().parent / "voices")
     if args.voices_cmd != "add":
@@ -221,14 +214,7 @@ def cmd_voices(args: argparse.Namespace) -> None:
     if not args.text.strip():
         raise ValueError("--text is empty: give the clip's exact transcript")
     codec = load_codec(resolve_checkpoint(args.checkpoint), device=resolve_device(args.device), dtype=torch.float32)
-
-    def encode(audio: bytes) -> np.ndarray:
-        try:
-            pcm = read_audio(audio, codec.config.sample_rate, args.max_reference_seconds)
-        except AudioError as e:  # name the file, not the bytes object
-            raise ValueError(f"{args.audio}: {str(e).replace('audio bytes: ', '')}") from None
-        return encode_audio(codec, pcm).numpy()
-
+    encode = reference_encoder(codec, args.max_reference_seconds, name=args.audio)  # errors name the file
     voice = VoiceStore(root, encode).add(args.voice_id, path.read_bytes(), args.text, VoiceMeta(title=args.title))
     _log(f"stored voice {voice.id!r} ({voice.codes.shape[1]} frames) in {root}: send reference_id={voice.id!r}")
 

@@ -25,6 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from rtts.audio.io import AudioError, read_audio
+from rtts.model.codec import Codec, encode_audio
+
 VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # whole id (fullmatch: "$" would admit a final newline)
 
 
@@ -70,6 +73,22 @@ class Voice:
 
 
 Encoder = Callable[[bytes], np.ndarray]  # audio file bytes -> codes [num_codebooks, frames]
+
+
+def reference_encoder(codec: Codec, max_seconds: float, name: str = "") -> Encoder:
+    """The encoder of a store served with `codec` (the server's, and `rtts voices add`'s): reference audio bytes ->
+    codes [num_codebooks, frames] on the caller's thread, clips over `max_seconds` refused. Audio it cannot use is
+    a VoiceError, naming `name` (a file) when given."""
+
+    def encode(audio: bytes) -> np.ndarray:
+        try:
+            pcm = read_audio(audio, codec.config.sample_rate, max_seconds)
+        except AudioError as e:
+            message = str(e).replace("audio bytes: ", "")
+            raise VoiceError(f"{name}: {message}" if name else message) from None
+        return encode_audio(codec, pcm).numpy()
+
+    return encode
 
 
 class VoiceStore:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -534,3 +535,10 @@ def codec_from_state_dict(
     del raw
     codec.load_state_dict(weights, strict=True, assign=True)
     return codec.eval().requires_grad_(False)
+
+
+def encode_audio(codec: Codec, audio: np.ndarray) -> torch.Tensor:
+    """Mono float32 at the codec rate -> codes [num_codebooks, frames] (CPU int64)."""
+    with torch.inference_mode():
+        x = torch.from_numpy(audio).to(codec.device, codec.dtype)[None]
+        return codec.encode(x)[0].cpu()

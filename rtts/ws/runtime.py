@@ -10,10 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from rtts.audio.io import AudioError, read_audio
 from rtts.engine.engine import DEFAULT_PREFILL_ROWS, Engine
 from rtts.model.codec import Codec, load_codec
 from rtts.model.loading import LoadedModel, load_model
@@ -23,7 +21,7 @@ from rtts.model.random_checkpoint import ensure_default_checkpoint
 from rtts.pingpong import NoSlotError, Scheduler, SchedulerConfig, StreamHandle
 from rtts.startup import freeze_startup_objects
 from rtts.types import SamplingParams
-from rtts.voices import VoiceError, VoiceStore
+from rtts.voices import VoiceStore, reference_encoder
 from rtts.ws.metrics import Metrics
 from rtts.ws.protocol import Limits
 
@@ -86,7 +84,7 @@ class Runtime:
         sched = SchedulerConfig(cuda_graphs=config.cuda_graphs, codec_graphs=config.codec_graphs,
                                 prefill_graphs=config.prefill_graphs, codec_tf32=config.codec_tf32)
         self.scheduler = Scheduler(self.engine, codec, sched)
-        self.voices = VoiceStore(config.voices_dir, self.encode_reference)
+        self.voices = VoiceStore(config.voices_dir, reference_encoder(codec, config.max_reference_seconds))
         self._idle: OrderedDict[object, Callable[[], None]] = OrderedDict()  # idle_stream
         self.metrics = Metrics(self)
         self.ready = False
@@ -94,16 +92,6 @@ class Runtime:
     @property
     def sample_rate(self) -> int:
         return self.codec.config.sample_rate
-
-    def encode_reference(self, audio: bytes) -> np.ndarray:
-        """Reference audio bytes -> codec codes [num_codebooks, frames] (runs on the caller's thread)."""
-        try:
-            pcm = read_audio(audio, self.sample_rate, self.config.max_reference_seconds)
-        except AudioError as e:
-            raise VoiceError(str(e).replace("audio bytes: ", "")) from None
-        with torch.inference_mode():
-            x = torch.from_numpy(pcm).to(self.codec.device, self.codec.dtype)[None]
-            return self.codec.encode(x)[0].cpu().numpy()
 
     def start(self) -> None:
         """Capture graphs, start the threads, and run one synthesis so the first client pays no warm-up."""
