@@ -48,9 +48,9 @@ SPEED_RANGE = (0.5, 2.0)
 VOLUME_RANGE_DB = (-20.0, 20.0)
 
 # MP3 and Ogg Opus hold the end of what was pushed (a partial codec frame, the encoder's look-ahead, an unfinished
-# Ogg page: ~60 ms) until more audio comes; drain() cannot flush them and go on. This much silence (output time)
-# releases it: measured over turn lengths, 64-192 kbps MP3 at 32 / 44.1 kHz and speeds 0.5-2, MP3 needed up to
-# 150 ms (64 kbps, 32 kHz) and Opus 90 ms (tests/test_audio.py sweeps it).
+# Ogg page) until more audio comes; drain() cannot flush them and go on. This much silence (output time) releases it:
+# tests/test_audio.py checks it over turn lengths, 64-192 kbps MP3 at 32 / 44.1 kHz, Opus, and speeds 0.5-2 (a
+# one-off CPU sweep in session 13 found MP3 at 64 kbps, 32 kHz the most demanding, needing 150 ms; Opus 90 ms).
 HELD_TAIL_FORMATS = ("mp3", "opus")
 TAIL_PAD_SECONDS = 0.2
 
