@@ -39,8 +39,8 @@ Alignment = Callable[..., dict[str, object]]  # formats the with-timestamp field
 # without limit (Pipecat: one session, text + flush for every sentence). A few ahead keep the stream busy: its turns
 # run one after another anyway, each conditioned on the one before.
 SUBMIT_AHEAD = 4
-# MP3 and Ogg Opus encoders keep the last ~60 ms of a turn until more audio comes (StreamEncoder.release_tail), which
-# after a `flush` may be the next reply, seconds later. The session releases it with silence once no turn has
+# MP3 and Ogg Opus encoders keep the last tens of ms of a turn until more audio comes (StreamEncoder.release_tail),
+# which after a `flush` may be the next reply, seconds later. The session releases it with silence once no turn has
 # followed for TAIL_IDLE_SECONDS and the client has at most TAIL_MARGIN_SECONDS of audio left to play (as if it plays
 # in real time from each audio's arrival: Session._played): while the client still plays earlier audio the next turn
 # usually comes first and pushes the end out itself, with no silence added between sentences.
