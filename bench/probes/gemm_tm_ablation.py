@@ -12,6 +12,9 @@ Variants (outputs are wrong in the ones marked *; only their time is read):
   trigger_late    dependents launch after this CTA's loop, not at its start: what the next GEMM's weight prefetch
                   costs this one
   no_store*       whole-K plans without the final store of the tile
+  t_once*, w_once*
+                  only the rings' first token / weight stages are loaded, later ones marked full without a copy
+  acc1            one accumulator per K block (the rounding test's bound is not checked here)
   trigger_after_loads
                   dependents launch once this CTA's producer has issued its last load (the ring holds this CTA's
                   last blocks): the next GEMM prefetches during this one's tail only
@@ -63,6 +66,12 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "trigger_late": TRIGGER_LATE,
     "no_store": [(STORE, "")],
     "trigger_after_loads": AFTER_LOADS,
+    # only the first stages are loaded (wrong outputs): what streaming the rest of the tokens / weights costs
+    "t_once": [("                    load_tokens(ts, kbeg + i + tstages);\n",
+                "                    mbar_arrive(full_t + 8 * ts);\n")],
+    "w_once": [("                    load_weights(wsg, kbeg + i + stages);\n",
+                "                    mbar_arrive(full_w + 8 * wsg);\n")],
+    "acc1": [("    constexpr int ACCS = 2;\n", "    constexpr int ACCS = 1;\n")],
     "trigger_late_st10": TRIGGER_LATE,
     "trigger_after_loads_st10": AFTER_LOADS,
 }
@@ -87,7 +96,7 @@ def main() -> None:
                 except ValueError:
                     continue
             xq, sx = kernels.quantize_1x128(torch.randn(M, K, device=dev, dtype=torch.bfloat16))
-            cases.append((name, M, plan, xq, sx, packed, R))
+            cases.append((name, M, N, K, plan, xq, sx, packed, R))
     gemm_plan = importlib.import_module("rtts.kernels.gemm_plan")  # the package's gemm_plan name is a function
     gemm_plan._TM_MAX_STAGES = max(gemm_plan._TM_MAX_STAGES, *STAGES.values())
     res: dict[str, float] = {}
@@ -97,7 +106,7 @@ def main() -> None:
         _jit.function.cache_clear()
         _jit._SMEM_SET.clear()
         kernels.warmup(dev)
-        for name, M, plan, xq, sx, packed, R in cases:
+        for name, M, N, K, plan, xq, sx, packed, R in cases:
             if variant == "no_store" and plan.cluster != 1:
                 continue
             if variant in STAGES:
