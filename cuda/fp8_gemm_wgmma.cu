@@ -69,11 +69,45 @@ __device__ __forceinline__ void cp_async_wait_upto(int n) {
     }
 }
 
+// Cluster settlement (CLUSTER): the shares of tile t, all in this cluster, are parked in the sharers' shared memory
+// (a CTA's first tile in slot A, its last in slot B = the free weight ring); after a cluster barrier each sharer sums
+// its slice of the tile (1/S of it, S sharers) from every share in rank order, over distributed shared memory.
+// NOTE: each thread's loop takes one DSMEM round trip per element it sums (the same shape made a global-memory
+// version of this 1.2-2x slower, bench/results/traces); at 64 tokens that is ~8 per thread.
+template <int NT>
+__device__ __forceinline__ void reduce_slice(unsigned slot_a, unsigned slot_b, bf16_t* __restrict__ y, int t, i64 base,
+                                             i64 Tl, int Cl, int rl, int KB, int M, int N) {
+    constexpr int F = TILE_ROWS * NT;  // floats per share: [NT / 2 registers][256 consumer threads]
+    const int r_lo = unit_owner((i64)t * KB - base, Tl, Cl), r_hi = unit_owner((i64)t * KB + KB - 1 - base, Tl, Cl);
+    const int S = r_hi - r_lo + 1, i = rl - r_lo;
+    // Every sharer but the first holds t as its first tile (slot A); the first one does when its range starts at
+    // t's first block, else t is its last tile (slot B).
+    const bool lo_first = unit_begin(r_lo, Tl, Cl) == (i64)t * KB - base;
+    unsigned src[8];  // a cluster has at most 8 CTAs
+#pragma unroll
+    for (int u = 0; u < 8; ++u)
+        src[u] = u < S ? mapa_shared(u > 0 || lo_first ? slot_a : slot_b, (unsigned)(r_lo + u)) : 0u;
+    const int lo = i * F / S, hi = (i + 1) * F / S;
+    for (int q = lo + (int)threadIdx.x; q < hi; q += CONSUMERS) {
+        const int r = q / CONSUMERS, th = q % CONSUMERS, l = th & 31;
+        const int n = t * TILE_ROWS + 64 * (th >> 7) + 16 * ((th & 127) >> 5) + (l >> 2) + 8 * ((r & 3) >> 1);
+        const int m = 8 * (r >> 2) + 2 * (l & 3) + (r & 1);
+        if (m >= M) continue;
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) v[u] = u < S ? ld_cluster_f32(src[u] + 4u * q) : 0.f;
+        float sum = 0.f;
+#pragma unroll
+        for (int u = 0; u < 8; ++u) if (u < S) sum += v[u];
+        if (n < N) y[(i64)m * N + n] = float_to_bf16(sum);
+    }
+}
+
 // The GEMM. stages: weight blocks in flight per CTA, sized by the host from the shared memory the tokens leave.
 // CLUSTER = false: persistent stream-K over the whole grid, settled through global memory (see the file comment).
 // CLUSTER = true: launched in clusters of CS CTAs (cluster dimension set at launch); cluster g takes the whole tiles
 // [g * tiles / G, (g + 1) * tiles / G) and splits their iterations stream-K style over its CTAs, so every shared tile
-// is settled on chip (streamk.cuh's reduce_slice) with two cluster barriers and no global atomics.
+// is settled on chip (reduce_slice) with two cluster barriers and no global atomics.
 // TMA (the lean instances' `_tma` entry points, what kernels.launch_wgmma runs where the driver encodes tensor maps;
 // RTTS_GEMM_TMA_TOKENS=0 selects cp.async): the tokens of every K block this CTA visits and their scales come by
 // tensor-map TMA (xmap: box 128 x NT rows, 128-byte swizzle, rows past M zero-filled by the copy engine, its
@@ -286,8 +320,8 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     if constexpr (CLUSTER) {
         cluster_sync();  // every share of every tile of the cluster is parked
         if (iters > 0) {
-            if (first_shared) reduce_slice<NT, CONSUMERS>(slot_a, w_base, y, first_tile, base, Tl, Cl, rl, KB, M, N);
-            if (last_shared) reduce_slice<NT, CONSUMERS>(slot_a, w_base, y, last_tile, base, Tl, Cl, rl, KB, M, N);
+            if (first_shared) reduce_slice<NT>(slot_a, w_base, y, first_tile, base, Tl, Cl, rl, KB, M, N);
+            if (last_shared) reduce_slice<NT>(slot_a, w_base, y, last_tile, base, Tl, Cl, rl, KB, M, N);
         }
         cluster_sync();  // the peers are done reading this CTA's shares
     }

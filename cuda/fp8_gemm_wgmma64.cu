@@ -22,12 +22,6 @@
 //     for all of them where they fit, instead of one per pair read into registers).
 // The stream-K split, who settles which tile, the summation order (determinism) and the deadlock argument are those
 // of fp8_gemm_wgmma.cu (streamk.cuh), over T = N/64 * K/128 iterations.
-// CLUSTER instances (launched in clusters of S CTAs) are the 128-row kernel's cluster mode: cluster g takes whole
-// tiles [g * tiles / G, (g + 1) * tiles / G) and splits their iterations stream-K style over its S CTAs; a tile
-// shared by several of them is parked in their shared memory and summed over distributed shared memory
-// (streamk.cuh's reduce_slice), with two cluster barriers and no scratch, atomics or settling CTA. Why: at 64 tokens
-// the global settlement was what the long layers' stream-K plans lost most time to (bench/results/traces,
-// gemm64-bounds at 8d94099: w2 12.2 us, 9.4 with settlement skipped; wo 7.7 vs 6.0).
 #include "streamk.cuh"
 
 #define H_ROWS 64            // weight rows per iteration (half a packed block)
@@ -56,7 +50,7 @@ __device__ __forceinline__ const fp8_t* half_block(const fp8_t* wp, int h, int k
 
 // xmap: tensor map over x fp8 [M, K] (box 128 x NT rows, 128-byte swizzle, kernels.launch_wgmma). Two rings:
 // `stages` weight stages (8 KB each) and `tstages` token stages (NT x 128 tokens and their NT scales).
-template <int NT, bool CLUSTER>
+template <int NT>
 __global__ void __launch_bounds__(H_THREADS, 2)
     fp8_gemm_wgmma64(const __grid_constant__ TensorMap xmap, const float* __restrict__ sx,
                      const fp8_t* __restrict__ wp, const float* __restrict__ sw, bf16_t* __restrict__ y,
@@ -76,35 +70,18 @@ __global__ void __launch_bounds__(H_THREADS, 2)
     unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
 
     const int tid = threadIdx.x, lane = tid & 31;
-    const int KB = K >> 7, C = gridDim.x, c = blockIdx.x, tiles = N / H_ROWS;
-    const i64 T = (i64)tiles * KB;
-    // This CTA's place in the iteration space it shares: the whole grid, or (CLUSTER) its cluster's tiles.
-    i64 base = 0, Tl = T;
-    int Cl = C, rl = c;
-    if constexpr (CLUSTER) {
-        Cl = (int)cluster_nctarank();
-        rl = (int)cluster_ctarank();
-        const int G = C / Cl, g = c / Cl;
-        base = (i64)((i64)g * tiles / G) * KB;
-        Tl = (i64)((i64)(g + 1) * tiles / G) * KB - base;
-    }
-    const i64 it0 = base + unit_begin(rl, Tl, Cl);
-    const int iters = (int)(unit_begin(rl + 1, Tl, Cl) - unit_begin(rl, Tl, Cl));
+    const int KB = K >> 7, C = gridDim.x, c = blockIdx.x;
+    const i64 T = (i64)(N / H_ROWS) * KB;
+    const i64 it0 = unit_begin(c, T, C);
+    const int iters = (int)(unit_begin(c + 1, T, C) - it0);
     int first_tile, kb0;
     split_unit(it0, KB, first_tile, kb0);
-    // (CLUSTER) whether this CTA shares its first / last tile with others (computed here, off the critical path)
-    const int last_tile = (int)((it0 + iters - 1) / KB);
-    const bool first_shared = kb0 != 0 || it0 + iters < (i64)(first_tile + 1) * KB;
-    const bool last_shared = last_tile != first_tile && (it0 + iters) % KB != 0;
     // Layout: ring region = [stages][8 KB weights] | [tstages][NT x 128 tokens], after the loop reused for `slots`
-    // shares being summed (at least as long as either; CLUSTER: slot B, the share of this CTA's last tile) |
-    // (CLUSTER) slot A: the share of its first tile, parked mid-loop | [tstages][NT] token scales | [iters] weight
-    // scales | mbarriers full_w[stages], empty_w[stages], full_t[tstages], empty_t[tstages], settle. The ring and
-    // slot A sit at the same offsets in every CTA of a cluster (peers address them; iters differs between CTAs).
-    constexpr int SLOT_BYTES = CLUSTER ? SHARE_BYTES : 0;
+    // shares being summed (at least as long as either) | [tstages][NT] token scales | [iters] weight scales |
+    // mbarriers full_w[stages], empty_w[stages], full_t[tstages], empty_t[tstages], settle
     const int region = max(stages * H_BYTES + tstages * B_BYTES, slots * SHARE_BYTES);
-    const unsigned wring = smem_u32(smem), tring = wring + stages * H_BYTES, slot_a = wring + region;
-    float* s_x = reinterpret_cast<float*>(smem + region + SLOT_BYTES);
+    const unsigned wring = smem_u32(smem), tring = wring + stages * H_BYTES;
+    float* s_x = reinterpret_cast<float*>(smem + region);
     float* s_w = s_x + tstages * NT;  // iteration j's weight scale
     const unsigned full_w = (smem_u32(s_w + iters) + 7u) & ~7u, empty_w = full_w + 8 * stages;
     const unsigned full_t = empty_w + 8 * stages, empty_t = full_t + 8 * tstages;
@@ -112,12 +89,9 @@ __global__ void __launch_bounds__(H_THREADS, 2)
 
     pdl_launch_dependents();
     // A first tile shared with earlier CTAs and finished before this CTA's range ends is published mid-range.
-    const bool mid_publish = !CLUSTER && kb0 != 0 && it0 + iters > (i64)(first_tile + 1) * KB;
+    const bool mid_publish = kb0 != 0 && it0 + iters > (i64)(first_tile + 1) * KB;
     if (tid >= H_CONSUMERS + 32) {  // ---- publisher warp
-        if constexpr (CLUSTER) {
-            cluster_sync();  // (it only takes part)
-            cluster_sync();
-        } else if (mid_publish) {
+        if (mid_publish) {
             named_barrier(H_BAR_PUBLISH, H_CONSUMERS + 32);  // the consumers' stores are ordered before this
             if (tid == H_CONSUMERS + 32) red_add_release(&counters[first_tile], 1);
         }
@@ -178,11 +152,6 @@ __global__ void __launch_bounds__(H_THREADS, 2)
                 ring_next(wsg, wph, stages);
             }
         }
-        if constexpr (CLUSTER) {
-            __syncwarp();
-            cluster_sync();  // the shares are parked (the producer warp only takes part)
-            cluster_sync();  // every slice is summed: this CTA's shared memory may go
-        }
         return;
     }
 
@@ -218,13 +187,6 @@ __global__ void __launch_bounds__(H_THREADS, 2)
         if (kb == KB - 1 || j == iters - 1) {  // end of this CTA's segment of `tile`
             if (whole && kb == KB - 1) {
                 store_tile<NT>(total, y, tile * H_ROWS, M, N);
-            } else if constexpr (CLUSTER) {
-                // Park the share in this CTA's shared memory: the first tile's in slot A, the last tile's in the
-                // ring, free once every consumer warp is past its last MMA (the producer has no loads left then).
-                if (tile != first_tile) named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);
-                float* p = reinterpret_cast<float*>(smem_raw + ((tile == first_tile ? slot_a : wring) - raw));
-#pragma unroll
-                for (int r = 0; r < R; ++r) p[r * H_CONSUMERS + tid] = total[r];  // [register][thread]: conflict free
             } else if (whole) {
                 settle = tile;  // its first K block is this CTA's: it sums the tile after the loop
             } else {
@@ -264,13 +226,5 @@ __global__ void __launch_bounds__(H_THREADS, 2)
         }
         store_tile<NT>(total, y, settle * H_ROWS, M, N);
         if (tid == 0) counters[settle] = 0;  // ready for the next launch (graph replays included)
-    }
-    if constexpr (CLUSTER) {
-        cluster_sync();  // every share of every tile of the cluster is parked
-        if (iters > 0) {
-            if (first_shared) reduce_slice<NT, H_CONSUMERS>(slot_a, wring, y, first_tile, base, Tl, Cl, rl, KB, M, N);
-            if (last_shared) reduce_slice<NT, H_CONSUMERS>(slot_a, wring, y, last_tile, base, Tl, Cl, rl, KB, M, N);
-        }
-        cluster_sync();  // the peers are done reading this CTA's shares
     }
 }

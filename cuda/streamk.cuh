@@ -2,8 +2,7 @@
 // (fp8_gemm_wgmma.cu: 128-row tiles, two consumer warpgroups;
 // fp8_gemm_wgmma64.cu: 64-row tiles, one): which iterations a CTA streams, who owns an iteration, storing a tile, and
 // (the 128-row kernel; the 64-row one bulk-copies the shares into shared memory instead) settling a tile split over
-// several CTAs by reading the shares from global memory into registers, and (cluster instances) over distributed
-// shared memory.
+// several CTAs by reading the shares from global memory into registers.
 //
 // The grid is persistent and CTA c takes the contiguous iteration range [c*T/C, (c+1)*T/C) of the T = tiles * K/128
 // iterations in tile-major order. A tile shared by several CTAs is summed by the one holding its first K block (always
@@ -122,43 +121,6 @@ __device__ __forceinline__ int await_shares(const int* counters, int tile, int c
         while (load_acquire(&counters[tile]) < want) {
         }
     return want;
-}
-
-// Cluster settlement (the cluster instances of both kernels): the shares of tile t, all in this cluster, are parked
-// in the sharers' shared memory (a CTA's first tile in slot A, its last in slot B = the free weight ring), each as
-// [NT / 2 registers][CONS consumer threads] floats (ROWS = CONS / 2 weight rows); after a cluster barrier each sharer
-// sums its slice of the tile (1/S of it, S sharers) from every share in rank order (the same bits on every launch),
-// over distributed shared memory. base / Tl / Cl / rl: the cluster's first iteration, its iteration count, CTAs and
-// this CTA's rank.
-// NOTE: each thread's loop takes one DSMEM round trip per element it sums (the same shape made a global-memory
-// version of this 1.2-2x slower, bench/results/traces); at 64 tokens that is ~8 per thread.
-template <int NT, int CONS>
-__device__ __forceinline__ void reduce_slice(unsigned slot_a, unsigned slot_b, bf16_t* __restrict__ y, int t, i64 base,
-                                             i64 Tl, int Cl, int rl, int KB, int M, int N) {
-    constexpr int ROWS = CONS / 2, F = ROWS * NT;  // floats per share
-    const int r_lo = unit_owner((i64)t * KB - base, Tl, Cl), r_hi = unit_owner((i64)t * KB + KB - 1 - base, Tl, Cl);
-    const int S = r_hi - r_lo + 1, i = rl - r_lo;
-    // Every sharer but the first holds t as its first tile (slot A); the first one does when its range starts at
-    // t's first block, else t is its last tile (slot B).
-    const bool lo_first = unit_begin(r_lo, Tl, Cl) == (i64)t * KB - base;
-    unsigned src[8];  // a cluster has at most 8 CTAs
-#pragma unroll
-    for (int u = 0; u < 8; ++u)
-        src[u] = u < S ? mapa_shared(u > 0 || lo_first ? slot_a : slot_b, (unsigned)(r_lo + u)) : 0u;
-    const int lo = i * F / S, hi = (i + 1) * F / S;
-    for (int q = lo + (int)threadIdx.x; q < hi; q += CONS) {
-        const int r = q / CONS, th = q % CONS, l = th & 31;
-        const int n = t * ROWS + 64 * (th >> 7) + 16 * ((th & 127) >> 5) + (l >> 2) + 8 * ((r & 3) >> 1);
-        const int m = 8 * (r >> 2) + 2 * (l & 3) + (r & 1);
-        if (m >= M) continue;
-        float v[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) v[u] = u < S ? ld_cluster_f32(src[u] + 4u * q) : 0.f;
-        float sum = 0.f;
-#pragma unroll
-        for (int u = 0; u < 8; ++u) if (u < S) sum += v[u];
-        if (n < N) y[(i64)m * N + n] = float_to_bf16(sum);
-    }
 }
 
 // One warpgroup's accumulator tile (64 weight rows from row0, NT tokens) to y[M, N] as bf16; rows/tokens past N/M

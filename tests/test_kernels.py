@@ -264,43 +264,6 @@ def test_wgmma64_plan_fits_two_ctas_per_sm() -> None:
     assert kernels.wgmma64_plan(64, 19456, 2560, sms=132, grid=132).grid == 132  # probes override the CTA count
 
 
-def test_wgmma64_cluster_plans(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The 64-row kernel's cluster split: whole clusters of S CTAs, at most one cluster per tile and two CTAs per SM
-    (or the grid asked for), every CTA at least one K block, iters = the busiest CTA's share of its cluster's tiles,
-    shared memory with the parked share of a first tile beside the ring, still two CTAs per SM; no scratch; and
-    _plan's rows = 64 with a cluster forced is this split (a cluster alone still forces the 128-row kernel's)."""
-    for M in (17, 64, 128):
-        for N, K in ((2560, 9728), (2560, 4096), (6144, 2560), (128, 16384), (384, 1280)):
-            tiles, KB = N // 64, K // 128
-            for cs in range(2, 9):
-                for grid in (None, 132, 100):
-                    try:
-                        p = kernels.wgmma64_plan(M, N, K, sms=132, grid=grid, cluster=cs)
-                    except ValueError:
-                        G = min(tiles, (264 if grid is None else grid) // cs)
-                        assert G < 1 or tiles // G * KB < cs
-                        continue
-                    G = p.grid // cs
-                    assert p.grid % cs == 0 and p.cluster == cs and p.rows == 64 and not p.token_major
-                    assert G == min(tiles, (264 if grid is None else grid) // cs)
-                    assert p.iters == max(math.ceil((g1 - g0) * KB / cs) for g in range(G)
-                                          for g0, g1 in [(g * tiles // G, (g + 1) * tiles // G)])
-                    assert min((g + 1) * tiles // G - g * tiles // G for g in range(G)) * KB >= cs
-                    assert p.smem == kernels.wgmma64_smem_bytes(p.nt, p.stages, p.tstages, p.iters, cluster=True)
-                    assert p.smem == kernels.wgmma64_smem_bytes(p.nt, p.stages, p.tstages, p.iters) + 64 * p.nt * 4
-                    assert 2 * (p.smem + 1024 + 64) <= 228 * 1024 and p.stages >= 1
-                    assert kernels.scratch_fits(p, N, 132)
-    with pytest.raises(ValueError):
-        kernels.wgmma64_plan(64, 2560, 4096, sms=132, cluster=9)
-    with pytest.raises(ValueError):  # one tile of one K block cannot feed two CTAs
-        kernels.wgmma64_plan(64, 64, 128, sms=132, cluster=2)
-    monkeypatch.setattr(kernels, "_sm_count", lambda index: 132)
-    monkeypatch.setattr(kernels, "_tensor_maps", lambda: True)
-    monkeypatch.setattr(kernels, "_cluster_capacity", lambda index: None)
-    assert kernels._plan(64, 2560, 9728, 0, cluster=6, rows=64) == kernels.wgmma64_plan(64, 2560, 9728, 132, cluster=6)
-    assert kernels._plan(64, 2560, 9728, 0, cluster=6).rows == 128
-
-
 @pytest.mark.parametrize("name,unset,cases,bad", [
     ("RTTS_GEMM_TMA_TOKENS", True, (("0", False), ("1", True), (" 0 ", False)), "yes"),
     ("RTTS_GEMM_TM", None, (("0", False), ("1", True), (" 1 ", True)), "on"),
@@ -544,33 +507,6 @@ def test_fp8_gemm_every_split_is_correct_and_deterministic(cluster: int, M: int,
     assert (first.float() - r).abs().max() / r.abs().max() < 1e-2
     for _ in range(2):
         assert torch.equal(kernels._fp8_gemm_wgmma(xq, sx, wp, sw, cluster=cluster), first)
-
-
-@GPU
-@pytest.mark.parametrize("cluster", [2, 3, 4, 6, 8])
-@pytest.mark.parametrize("M,N,K,grid", [(64, 2560, 9728, None), (40, 2560, 4096, 132), (17, 1152, 640, None),
-                                        (128, 6144, 2560, None), (33, 128, 16384, None), (100, 384, 1280, 40)])
-def test_fp8_gemm_64_rows_cluster_split(cluster: int, M: int, N: int, K: int, grid: int | None) -> None:
-    """The 64-row kernel's cluster split (tiles shared inside a cluster, summed over distributed shared memory; uneven
-    tiles per cluster and ranges that end mid-tile included) computes the product, the same bits on every call, and
-    touches no stream-K counter."""
-    if not kernels._use_wgmma(torch.device("cuda")) or not kernels._tensor_maps():
-        pytest.skip("no wgmma or tensor maps on this GPU")
-    try:
-        plan = kernels.wgmma64_plan(M, N, K, kernels._sm_count(0), grid=grid, cluster=cluster)
-    except ValueError:
-        pytest.skip(f"no 64-row plan with clusters of {cluster} for {M}x{N}x{K}")
-    x, w = _x(M, K, seed=M + 60, device="cuda"), _x(N, K, scale=0.05, seed=N + 61, device="cuda")
-    wq, sw = ref.quantize_weight(w)
-    xq, sx = ref.quantize_1x128(x)
-    wp = kernels.pack_weight(wq)
-    first = kernels.launch_wgmma(plan, xq, sx, wp, sw)
-    r = ref.fp8_gemm(xq, sx, wq, sw).float()
-    assert (first.float() - r).abs().max() / r.abs().max() < 1e-2
-    for _ in range(2):
-        assert torch.equal(kernels.launch_wgmma(plan, xq, sx, wp, sw), first)
-    sk = kernels._streamk(torch.device("cuda"), kernels._sm_count(0))
-    assert int(sk.counters.abs().sum()) == 0
 
 
 @GPU

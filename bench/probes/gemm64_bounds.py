@@ -77,11 +77,11 @@ def main() -> None:
         if only and variant not in only:
             continue
         ms = (64,) if ablation else (32, 64)
-        use(edits, tuple(kernels._h_instance(m, False) for m in ms))  # NT = M for these token counts
+        use(edits, tuple(f"fp8_gemm_wgmma64<{m}>" for m in ms))  # NT = M for these token counts
         for name, N, K, R, packed, xs in cases:
             for M in ms:
                 time(f"{variant} {name} M={M}", kernels.wgmma64_plan(M, N, K, sms), R, packed, xs[M])
-    use([], (kernels._h_instance(64, False),))
+    use([], ("fp8_gemm_wgmma64<64>",))
     for name, N, K, R, packed, xs in cases if sweep else []:
         base = kernels.wgmma64_plan(64, N, K, sms)
         for grid in sorted({base.grid, sms, 2 * sms}):

@@ -106,8 +106,7 @@ def main() -> None:
                     plan = kernels._plan(M, N, K, 0)
                     grid, mod = plan.grid, modules[plan.rows]
                     if plan.rows == 64:
-                        fn = _jit.function("fp8_gemm_wgmma64.cu", kernels._h_instance(plan.nt, False),
-                                           kernels._H_INSTANCES)
+                        fn = _jit.function("fp8_gemm_wgmma64.cu", f"fp8_gemm_wgmma64<{plan.nt}>", kernels._H_INSTANCES)
                         threads = kernels._H_THREADS
                     else:
                         fn = _jit.function("fp8_gemm_wgmma.cu", kernels._wgmma_instance(plan.nt, plan.cluster > 1),

@@ -39,7 +39,6 @@ from rtts.kernels.gemm_plan import (  # noqa: F401  (re-exported: tests, benchma
     _WGMMA_NT,
     _WGMMA_THREADS,
     WgmmaPlan,
-    _h_instance,
     _wgmma_instance,
     gemm_plan,
     prefer_token_major,
@@ -319,7 +318,7 @@ def _plan(M: int, N: int, K: int, device_index: int, stages: int | None = None,
     """The plan launched: `cluster` / `rows` forced by the caller or RTTS_GEMM_CLUSTER / RTTS_GEMM_ROWS, else the
     planner's choice (where the driver encodes tensor maps): the token-major kernel where it has a plan and
     RTTS_GEMM_TM allows it (gemm_plan.prefer_token_major: from 9 tokens), else the 64-row kernel for more than 16
-    tokens, unless a cluster split is forced without rows = 64 (then the 128-row kernel's)."""
+    tokens, unless a cluster split is forced (only the 128-row kernel has one)."""
     if cluster is None:
         cluster = env.gemm_cluster()
     if rows is None:
@@ -335,7 +334,7 @@ def _plan(M: int, N: int, K: int, device_index: int, stages: int | None = None,
             pass  # the layer does not cut into one tile per SM: stream-K below
     if _rows64(M, cluster, rows):
         try:
-            return wgmma64_plan(M, N, K, sms, stages, cluster=cluster if cluster is not None and cluster > 1 else None)
+            return wgmma64_plan(M, N, K, sms, stages)
         except ValueError:
             if rows == _H_ROWS:  # forced: no fallback
                 raise
@@ -349,11 +348,9 @@ def _tensor_maps() -> bool:
 
 
 def _rows64(M: int, cluster: int | None, rows: int | None) -> bool:
-    """Whether the 64-row kernel runs: forced by rows = 64 (with `cluster` its cluster split), else for more than 16
-    tokens unless a cluster split alone is forced (RTTS_GEMM_CLUSTER: the 128-row kernel's)."""
-    if rows == _TILE_ROWS or not _tensor_maps():
+    if (cluster is not None and cluster > 1) or rows == _TILE_ROWS or not _tensor_maps():
         return False
-    return rows == _H_ROWS or ((cluster is None or cluster == 1) and M > _LEAN_NT)
+    return rows == _H_ROWS or M > _LEAN_NT
 
 
 def scratch_fits(plan: WgmmaPlan, N: int, sms: int) -> bool:
@@ -418,11 +415,10 @@ def launch_wgmma(plan: WgmmaPlan, xq: torch.Tensor, sx: torch.Tensor, wp: torch.
                     shared_mem=plan.smem, pdl=True, cluster=plan.cluster)
         return y
     if plan.rows == _H_ROWS:
-        fn = _jit.function("fp8_gemm_wgmma64.cu", _h_instance(plan.nt, plan.cluster > 1), _H_INSTANCES)
+        fn = _jit.function("fp8_gemm_wgmma64.cu", f"fp8_gemm_wgmma64<{plan.nt}>", _H_INSTANCES)
         _jit.set_dynamic_smem(fn, plan.smem)
         _jit.launch(fn, (plan.grid,), (_H_THREADS,), (token_map(), sx.data_ptr(), *tail, _i32(plan.tstages),
-                                                       _i32(max(1, plan.slots))), shared_mem=plan.smem, pdl=True,
-                    cluster=plan.cluster)
+                                                       _i32(max(1, plan.slots))), shared_mem=plan.smem, pdl=True)
         return y
     if plan.nt <= _LEAN_NT and plan.cluster == 1 and env.gemm_tma_tokens() and _jit.tensor_maps_available():
         fn = _jit.function("fp8_gemm_wgmma.cu", f"fp8_gemm_wgmma_lean_tma<{plan.nt}>", _WGMMA_INSTANCES)

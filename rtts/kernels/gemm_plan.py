@@ -81,11 +81,7 @@ def h_ctas_per_sm(nt: int, T: int, sms: int) -> float:
     return 1.0 if nt >= 128 and per_sm == 1.5 else per_sm
 
 
-def _h_instance(nt: int, cluster: bool) -> str:
-    return f"fp8_gemm_wgmma64<{nt},{'true' if cluster else 'false'}>"
-
-
-_H_INSTANCES = tuple(_h_instance(nt, cl) for nt in _H_NT for cl in (False, True))
+_H_INSTANCES = tuple(f"fp8_gemm_wgmma64<{nt}>" for nt in _H_NT)
 
 
 # Token-major kernel (cuda/fp8_gemm_wgmma_tm.cu) for 17-64 tokens: tokens on the wgmma M side, tiles of up to WN weight
@@ -123,9 +119,9 @@ class WgmmaPlan(NamedTuple):
     smem: int  # dynamic shared memory per CTA
     cluster: int  # CTAs per cluster (1: none)
     iters: int  # the most iterations (weight blocks of `rows` x 128) any CTA streams
-    rows: int = _TILE_ROWS  # weight rows per tile: 128 (fp8_gemm_wgmma) or 64 (fp8_gemm_wgmma64)
+    rows: int = _TILE_ROWS  # weight rows per tile: 128 (fp8_gemm_wgmma) or 64 (fp8_gemm_wgmma64, global stream-K)
     tstages: int = 0  # 64 rows: token stages (`stages` counts its 8 KB weight stages)
-    slots: int = 0  # 64 rows, global stream-K: shares a settling CTA copies into shared memory at once
+    slots: int = 0  # 64 rows: shares a settling CTA copies into shared memory at once
     token_major: bool = False  # fp8_gemm_wgmma_tm: `rows` = the tile width WN, `cluster` = the K split S
 
 
@@ -221,55 +217,36 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
     return best
 
 
-def wgmma64_smem_bytes(nt: int, stages: int, tstages: int, iters: int, slots: int = 0, cluster: bool = False) -> int:
+def wgmma64_smem_bytes(nt: int, stages: int, tstages: int, iters: int, slots: int = 0) -> int:
     """Dynamic shared memory of one 64-row CTA: the ring region (`stages` 8 KB weight stages and `tstages` NT x 128
-    token stages, reused after the loop for `slots` FP32 shares of 64 x NT), the parked share of its first tile
-    (cluster settlement), NT scales per token stage, the weight scales of its `iters` iterations, two mbarriers per
-    stage and one for settling, 1 KB of alignment slack."""
+    token stages, reused after the loop for `slots` FP32 shares of 64 x NT), NT scales per token stage, the weight
+    scales of its `iters` iterations, two mbarriers per stage and one for settling, 1 KB of alignment slack."""
     region = max(stages * _H_BYTES + tstages * nt * 128, slots * _H_ROWS * nt * 4)
-    slot_a = _H_ROWS * nt * 4 if cluster else 0
-    return 1024 + region + slot_a + tstages * nt * 4 + 4 * iters + 16 * (stages + tstages) + 16
+    return 1024 + region + tstages * nt * 4 + 4 * iters + 16 * (stages + tstages) + 16
 
 
 @functools.cache
-def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, grid: int | None = None,
-                 cluster: int | None = None) -> WgmmaPlan:
+def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, grid: int | None = None) -> WgmmaPlan:
     """The 64-row kernel's plan for 17-128 tokens: the smallest token tile of _H_NT holding M; global stream-K of the T
     = N/64 * K/128 half-block iterations over min(T, sms) CTAs, so a second CTA (the next GEMM's, under PDL) is resident
     beside each, or 1.5 / 2 per SM for layers of _H_MID_ITERS / _H_LONG_ITERS or more iterations per SM, no 1 at 32
     tokens and no 1.5 at 128 (h_ctas_per_sm); _H_TOKEN_STAGES token stages (3 at 128 tokens) and up to _H_MAX_STAGES
     weight stages, within half an SM's shared memory; `stages` lowers the weight stages; `grid` replaces the planner's
-    CTA count (probes). `cluster` (2-8; probes and forced plans): clusters of that many CTAs instead, settled in
-    distributed shared memory, each cluster over whole tiles (the 128-row kernel's cluster mode): at most two CTAs per
-    SM, `grid` rounded down to whole clusters, at most one cluster per tile, at least one K block per CTA. Raises
-    ValueError where not even one weight stage fits (huge layers on few SMs) or no cluster split qualifies: the caller
+    CTA count (probes). Raises ValueError where not even one weight stage fits (huge layers on few SMs): the caller
     plans the 128-row kernel."""
     if M > _H_NT[-1] or N % _H_ROWS or K % 128:
         raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K}")
     nt = next(n for n in _H_NT if n >= M)
-    tiles, KB = N // _H_ROWS, K // 128
-    T = tiles * KB
-    cs = 1 if cluster is None else cluster
-    if cs > 1:
-        if cs > _MAX_CLUSTER:
-            raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K} in clusters of {cs}")
-        G = min(tiles, (2 * sms if grid is None else grid) // cs)
-        if G < 1 or tiles // G * KB < cs:  # every CTA needs at least one block
-            raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K} in clusters of {cs}")
-        grid = G * cs
-        iters = -(-(-(-tiles // G) * KB) // cs)
-    else:
-        grid = min(T, int(h_ctas_per_sm(nt, T, sms) * sms) if grid is None else grid)
-        iters = -(-T // grid)
+    T = N // _H_ROWS * (K // 128)
+    grid = min(T, int(h_ctas_per_sm(nt, T, sms) * sms) if grid is None else grid)
+    iters = -(-T // grid)
     ts = _H_TOKEN_STAGES if nt <= 64 else _H_TOKEN_STAGES - 1
-    room = _SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, 0, ts, iters, cluster=cs > 1)
+    room = _SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, 0, ts, iters)
     st = min(_H_MAX_STAGES, room // (_H_BYTES + 16))
     if st < 1:
         raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K}: {iters} iterations per CTA leave no room")
     if stages is not None:
         st = max(1, min(st, stages))
-    if cs > 1:
-        return WgmmaPlan(nt, st, grid, wgmma64_smem_bytes(nt, st, ts, iters, cluster=True), cs, iters, _H_ROWS, ts)
     # A settling CTA reads the other shares of its tile (at most ceil((KB - 1) / (iters - 1)) of them) in batches of
     # `slots`: as many as half an SM's shared memory holds in the ring region (at least one: the ring is longer).
     share = _H_ROWS * nt * 4
