@@ -13,8 +13,8 @@
 // wqkv, 64 tokens, bench/results/traces). Here the 64 (zero-padded) token rows are the wgmma M side and a tile is WN
 // weight rows (the N side: any multiple of 8), so the planner (gemm_plan.wgmma_tm_plan) can cut N into one tile per
 // SM, each over all of K (S = 1) or over half of it with the two halves in a cluster pair (S = 2): no stream-K,
-// no scratch, no settlement through L2; a tile ends with one sum in shared memory (and one over distributed shared
-// memory for S = 2).
+// no scratch, no settlement through L2; a tile ends with one sum in shared memory (and for S = 2 one more, of the
+// total rank 1 pushes into rank 0's shared memory).
 //   - an iteration is one 128-wide K block: WN x 128 weight bytes (one bulk copy, two where the tile crosses a packed
 //     block's 128 rows) and the 64 x 128 token block (tensor-map TMA, 128-byte swizzle, rows past M zero-filled;
 //     at NT = 32 only 32 rows are loaded and rows 32-63 of the MMA compute rows that are never stored);
@@ -126,13 +126,15 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     const int blk = n0 >> 7, split = 128 - (n0 & 127);  // tile columns [0, split) lie in weight block blk
     const int rows_a = min(wn, split);
     // Layout: [stages][WN x 128] weights | [tstages][64 x 128] tokens (both regions multiples of 1 KB: swizzle atoms
-    // stay aligned; after the loop the weight ring holds a warpgroup's total) | [tstages][64] token scales |
-    // [iters][2] weight scales (left / right of split) | mbarriers full_w, empty_w, full_t, empty_t
-    const unsigned wring = smem_u32(smem), tring = wring + stages * W_BYTES;
-    float* s_x = reinterpret_cast<float*>(smem + stages * W_BYTES + tstages * TM_TOKEN_BYTES);
+    // stay aligned; after the loop the weight ring holds a warpgroup's total) | (S = 2) [R][128] floats: rank 1's
+    // total, received by rank 0 | [tstages][64] token scales | [iters][2] weight scales (left / right of split) |
+    // mbarriers full_w, empty_w, full_t, empty_t, (S = 2) recv_bar
+    constexpr int RECV_BYTES = S == 2 ? R * 128 * 4 : 0;
+    const unsigned wring = smem_u32(smem), tring = wring + stages * W_BYTES, recv = tring + tstages * TM_TOKEN_BYTES;
+    float* s_x = reinterpret_cast<float*>(smem + stages * W_BYTES + tstages * TM_TOKEN_BYTES + RECV_BYTES);
     float* s_w = s_x + tstages * TM_SCALES;
     const unsigned full_w = (smem_u32(s_w + 2 * iters) + 7u) & ~7u, empty_w = full_w + 8 * stages;
-    const unsigned full_t = empty_w + 8 * stages, empty_t = full_t + 8 * tstages;
+    const unsigned full_t = empty_w + 8 * stages, empty_t = full_t + 8 * tstages, recv_bar = empty_t + 8 * tstages;
 
     pdl_launch_dependents();
     if (tid >= TM_CONSUMERS) {  // ---- producer warp: one thread streams weights, tokens and token scales
@@ -146,10 +148,17 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
                 mbar_init(full_t + 8 * s, 1);
                 mbar_init(empty_t + 8 * s, TM_CONSUMERS / 64);
             }
+            if constexpr (S == 2) {
+                // rank 0: rank 1's total lands here as transaction bytes (rank 1's barrier goes unused)
+                mbar_init(recv_bar, 1);
+                mbar_arrive_expect_tx(recv_bar, RECV_BYTES);
+                fence_mbarrier_init_cluster();  // ... visible to the peer once it has waited on the cluster barrier
+            }
             fence_proxy_async();  // the inits are visible to the TMA engine (async proxy)
         }
         __syncwarp();
         named_barrier_arrive(TM_BAR_READY, TM_CONSUMERS + 32);
+        if constexpr (S == 2) cluster_arrive_relaxed();
         if (tid == TM_CONSUMERS) {
             const unsigned t_bytes = NT * 128 + 4u * Mp;
             const fp8_t* wa = wp + ((i64)blk * KB * 128 + (n0 & 127)) * 128;  // tile rows in block blk, K block 0
@@ -187,11 +196,7 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
                 ring_next(wsg, wph, stages);
             }
         }
-        if constexpr (S == 2) {
-            __syncwarp();
-            cluster_sync();  // the pair's totals are in shared memory
-            cluster_sync();  // rank 0 has read rank 1's
-        }
+        if constexpr (S == 2) cluster_wait();  // (every thread of the cluster waits once for its arrive)
         return;
     }
 
@@ -205,6 +210,7 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     pdl_wait();  // every global write below comes after the kernel ahead (it may still read y)
     cp_async_wait<0>();
     named_barrier(TM_BAR_READY, TM_CONSUMERS + 32);  // stage barriers initialized, every weight scale landed
+    if constexpr (S == 2) cluster_arrive_relaxed();  // waited for after the loop, long complete by then
 
     // The warpgroup index through a shuffle: the compiler then knows it is warp-uniform and keeps the loop's stage
     // indices and descriptors in uniform registers.
@@ -242,7 +248,10 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     }
 
     // The tile's sum in a fixed order (the same bits on every launch): warpgroup 0 + warpgroup 1 (through the weight
-    // ring, free once both are past their last MMA), then for S = 2 rank 0 + rank 1 over distributed shared memory.
+    // ring, free once both are past their last MMA), then for S = 2 rank 0 + rank 1: rank 1 pushes its total into
+    // rank 0's receive buffer (st.async, counted on rank 0's recv_bar) and exits; rank 0 waits on its own barrier.
+    // Why not two cluster barriers with rank 0 reading rank 1's shared memory: measured (bench/probes/
+    // gemm_tm_ablation.py, session 14) the pair sum so cost wo 1.3 us and w2 1.9 us at 64 tokens in the PDL chain.
     float* sum = reinterpret_cast<float*>(smem);  // [R][128 threads]: conflict free
     named_barrier(TM_BAR_SUM, TM_CONSUMERS);
     if (wg == 1) {
@@ -257,20 +266,17 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     if constexpr (S == 1) {
         if (wg == 0) tm_store<WN>(total, y, n0, wn, M, N);
     } else {
+        cluster_wait();  // rank 0's recv_bar is initialized (its arrive came after the init's fence)
         if (wg == 0 && rank == 1) {
+            const unsigned dst = mapa_shared(recv, 0u), bar = mapa_shared(recv_bar, 0u);
 #pragma unroll
-            for (int r = 0; r < R; ++r) sum[r * 128 + tid] = total[r];  // the addresses this thread just read
-        }
-        cluster_sync();
-        if (wg == 0 && rank == 0) {
-            const unsigned peer = mapa_shared(smem_u32(sum), 1u);
-            float v[R];
+            for (int r = 0; r < R; ++r) st_async_f32(dst + 4u * (r * 128 + tid), total[r], bar);
+        } else if (wg == 0) {
+            const float* in = reinterpret_cast<const float*>(smem_raw + (recv - raw));  // [R][128]: conflict free
+            mbar_wait(recv_bar, 0);
 #pragma unroll
-            for (int r = 0; r < R; ++r) v[r] = ld_cluster_f32(peer + 4u * (r * 128 + tid));
-#pragma unroll
-            for (int r = 0; r < R; ++r) total[r] += v[r];
+            for (int r = 0; r < R; ++r) total[r] += in[r * 128 + tid];
             tm_store<WN>(total, y, n0, wn, M, N);
         }
-        cluster_sync();  // rank 1's shared memory stays until rank 0 has read it
     }
 }

@@ -211,6 +211,27 @@ __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
+// The cluster barrier split in two: arrive (relaxed: orders nothing but what a preceding fence orders) early, wait
+// later, so the barrier's latency overlaps other work. Used to publish mbarrier inits to the cluster: the initializing
+// thread's fence_mbarrier_init_cluster, then every thread's arrive; a peer may signal those mbarriers after its wait.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    __syncwarp();
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+    __syncwarp();
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void fence_mbarrier_init_cluster() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// 4 bytes into a peer CTA's shared memory (addr, bar: its shared::cluster addresses from mapa_shared), counted as
+// transaction bytes on the peer's mbarrier `bar`: the peer waits on its own barrier, no cluster barrier needed.
+__device__ __forceinline__ void st_async_f32(unsigned addr, float v, unsigned bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                 ::"r"(addr), "r"(__float_as_uint(v)), "r"(bar) : "memory");
+}
+
 // D[64 x NT] (+)= A[64 x 32] * B[NT x 32]^T, e4m3 in, FP32 accumulate; accumulate == 0 overwrites D.
 // Accumulator layout (thread t of the warpgroup, warp w = t / 32, lane l): d[4i + e] is row 16w + l/4 + 8(e >> 1),
 // column 8i + 2(l % 4) + (e & 1).

@@ -16,15 +16,14 @@ Variants (outputs are wrong in the ones marked *; only their time is read):
                   only the rings' first token / weight stages are loaded, later ones marked full without a copy
   acc1            one accumulator per K block (the rounding test's bound is not checked here)
   no_tail*        nothing after the loop (no warpgroup or pair sum, no cluster barrier, no store)
-  no_pair*        each CTA of a pair stores its own half-K sum (no cluster barrier, no DSMEM read)
-  split_tail      the sums spread over both warpgroups and both CTAs of a pair: column group j is summed and stored
-                  by warpgroup j % 2 (and, S = 2, rank j / 2 % 2), reading the other warpgroup's total from shared
-                  memory and the peer's from distributed shared memory (same additions, same bits: checked)
+  no_pair*        each CTA of a pair stores its own half-K sum (rank 1 pushes nothing, rank 0 waits for nothing)
+  (split_tail, in 3d1b920: the sums spread over both warpgroups and both CTAs of a pair; no faster)
   trigger_after_loads
                   dependents launch once this CTA's producer has issued its last load (the ring holds this CTA's
                   last blocks): the next GEMM prefetches during this one's tail only
   *_st10          the same with 10 weight stages and 4 token stages (the planner's cap lifted): a deeper
                   prefetch, when it no longer competes with this GEMM's loop
+  ts4             the kernel as committed, 8 weight stages and 4 token stages
 
     python bench/probes/gemm_tm_ablation.py OUT [token counts, default 32,64] [variants, default all]  # GPU
 
@@ -54,7 +53,7 @@ TRIGGER = "    pdl_launch_dependents();\n    if (tid >= TM_CONSUMERS) {"
 AFTER_LOOP = "    // The tile's sum in a fixed order"
 STORE = "        if (wg == 0) tm_store<WN>(total, y, n0, wn, M, N);\n"
 LAST_LOAD = ("                ring_next(wsg, wph, stages);\n            }\n        }\n"
-             "        if constexpr (S == 2) {")
+             "        if constexpr (S == 2) cluster_wait();")
 AFTER_LOADS = [(TRIGGER, "    if (tid >= TM_CONSUMERS) {"),
                (LAST_LOAD, LAST_LOAD.replace("            }\n        }\n",
                                              "            }\n            pdl_launch_dependents();\n        }\n", 1))]
@@ -80,67 +79,7 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "trigger_late_st10": TRIGGER_LATE,
     "trigger_after_loads_st10": AFTER_LOADS,
 }
-PAIR_SYNC = ("        if constexpr (S == 2) {\n            __syncwarp();\n"
-             "            cluster_sync();  // the pair's totals are in shared memory\n"
-             "            cluster_sync();  // rank 0 has read rank 1's\n        }\n")
-PAIR_SUM_BEGIN = "        if (wg == 0 && rank == 1) {\n"
-SPLIT_TAIL = """    // (probe) split tail: column group j belongs to warpgroup j % 2 and, S = 2, rank j / 2 % 2
-    float* sum = reinterpret_cast<float*>(smem);  // [R][256 threads]: both warpgroups' totals
-    named_barrier(TM_BAR_SUM, TM_CONSUMERS);
-#pragma unroll
-    for (int r = 0; r < R; ++r) sum[r * 256 + tid] = total[r];
-    named_barrier(TM_BAR_SUM, TM_CONSUMERS);
-#pragma unroll
-    for (int j = 0; j < WN / 8; ++j) {
-        if ((j & 1) != wg) continue;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int r = 4 * j + e;
-            total[r] = wg == 0 ? total[r] + sum[r * 256 + (tid ^ 128)] : sum[r * 256 + (tid ^ 128)] + total[r];
-        }
-    }
-    if constexpr (S == 1) {
-        tm_store_groups<WN>(total, y, n0, wn, M, N, wg, 2, 0);
-    } else {
-#pragma unroll
-        for (int j = 0; j < WN / 8; ++j) {
-            if ((j & 1) != wg || ((j >> 1) & 1) == rank) continue;  // the peer's groups: publish this CTA's sum
-#pragma unroll
-            for (int e = 0; e < 4; ++e) sum[(4 * j + e) * 256 + tid] = total[4 * j + e];
-        }
-        cluster_sync();
-        const unsigned peer = mapa_shared(smem_u32(sum), (unsigned)(rank ^ 1));
-#pragma unroll
-        for (int j = 0; j < WN / 8; ++j) {
-            if ((j & 1) != wg || ((j >> 1) & 1) != rank) continue;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = 4 * j + e;
-                const float v = ld_cluster_f32(peer + 4u * (r * 256 + tid));
-                total[r] = rank == 0 ? total[r] + v : v + total[r];
-            }
-        }
-        tm_store_groups<WN>(total, y, n0, wn, M, N, wg, 2, rank);
-        cluster_sync();
-    }
-}
-"""
-STORE_GROUPS = """// (probe) tm_store for the column groups j with j % 2 == wg and (pairs) j / 2 % 2 == rank
-template <int WN>
-__device__ __forceinline__ void tm_store_groups(const float (&v)[WN / 2], bf16_t* __restrict__ y, int n0, int wn, int M,
-                                                int N, int wg, int per, int rank) {
-    const int t = threadIdx.x & 127, lane = t & 31;
-    const int m = 16 * (t >> 5) + (lane >> 2);
-#pragma unroll
-    for (int r = 0; r < WN / 2; r += 2) {
-        const int j = r >> 2;
-        if ((j & 1) != wg || ((j >> 1) & 1) != rank) continue;
-        const int row = m + 8 * ((r & 3) >> 1), col = 8 * j + 2 * (lane & 3);
-        if (row < M && col < wn) *reinterpret_cast<unsigned*>(y + (i64)row * N + n0 + col) = pack_bf16x2(v[r], v[r + 1]);
-    }
-}
-
-"""
+PAIR_SUM_BEGIN = "        cluster_wait();  // rank 0's recv_bar"
 
 
 def tail_edits(kind: str) -> list[tuple[str, str]]:
@@ -150,17 +89,17 @@ def tail_edits(kind: str) -> list[tuple[str, str]]:
     if kind == "no_tail":
         keep = ("    float z = 0.f;  // (probe) keeps the loop's results live; M is never negative\n"
                 "#pragma unroll\n    for (int r = 0; r < R; ++r) z += total[r];\n"
-                "    if (M < 0) y[tid] = float_to_bf16(z);\n}\n")
-        return [(PAIR_SYNC, ""), (tail, keep)]
-    if kind == "no_pair":
-        pair = text[text.index(PAIR_SUM_BEGIN):text.rindex("    }\n}")]
-        return [(PAIR_SYNC, ""), (pair, "        if (wg == 0) tm_store<WN>(total, y, n0, wn, M, N);\n")]
-    return [(tail, SPLIT_TAIL), ("// xmap: tensor map over x fp8", STORE_GROUPS + "// xmap: tensor map over x fp8")]
+                "    if (M < 0) y[tid] = float_to_bf16(z);\n"
+                "    if constexpr (S == 2) cluster_wait();\n}\n")
+        return [(tail, keep)]
+    pair = text[text.index(PAIR_SUM_BEGIN):text.rindex("    }\n}")]
+    return [(pair, "        cluster_wait();\n        if (wg == 0) tm_store<WN>(total, y, n0, wn, M, N);\n")]
 
 
-VARIANTS.update({k: tail_edits(k) for k in ("no_tail", "no_pair", "split_tail")})
-CHECKED = ("split_tail",)  # variants whose output must equal the base kernel's, bit for bit
-STAGES = {"trigger_late_st10": 10, "trigger_after_loads_st10": 10}  # weight ring depth (others: the planner's)
+VARIANTS.update({k: tail_edits(k) for k in ("no_tail", "no_pair")})
+CHECKED: tuple[str, ...] = ()  # variants whose output must equal the base kernel's, bit for bit
+VARIANTS["ts4"] = []  # the kernel as committed with 4 token stages and 8 weight stages
+STAGES = {"trigger_late_st10": 10, "trigger_after_loads_st10": 10, "ts4": 8}  # weight ring depth (others: planner's)
 
 
 def main() -> None:

@@ -256,10 +256,13 @@ def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, gr
     return WgmmaPlan(nt, st, grid, wgmma64_smem_bytes(nt, st, ts, iters, slots), 1, iters, _H_ROWS, ts, slots)
 
 
-def wgmma_tm_smem_bytes(wn: int, stages: int, tstages: int, iters: int) -> int:
+def wgmma_tm_smem_bytes(wn: int, stages: int, tstages: int, iters: int, split: int = 1) -> int:
     """Dynamic shared memory of one token-major CTA: `stages` weight stages of WN x 128, `tstages` 8 KB token stages
-    with 64 scales each, two weight scales per K block, two mbarriers per stage, 1 KB of alignment slack."""
-    return 1024 + stages * wn * 128 + tstages * (_TM_TOKEN_BYTES + 4 * 64) + 8 * iters + 16 * (stages + tstages) + 16
+    with 64 scales each, (cluster pairs, split = 2) the buffer receiving the peer's FP32 total (64 x WN) and its
+    mbarrier, two weight scales per K block, two mbarriers per stage, 1 KB of alignment slack."""
+    recv = wn * 64 * 4 + 8 if split == 2 else 0
+    return (1024 + stages * wn * 128 + tstages * (_TM_TOKEN_BYTES + 4 * 64) + recv + 8 * iters
+            + 16 * (stages + tstages) + 16)
 
 
 @functools.cache
@@ -293,14 +296,14 @@ def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, s
     iters = KB // s
     ts = _TM_TOKEN_STAGES if tstages is None else tstages
     ts -= ts % 2
-    room = _SMEM_PAIR_LIMIT - wgmma_tm_smem_bytes(w, 0, ts, iters)
+    room = _SMEM_PAIR_LIMIT - wgmma_tm_smem_bytes(w, 0, ts, iters, s)
     st = min(_TM_MAX_STAGES, room // (w * 128 + 16))
     if stages is not None:
         st = min(st, stages)
     st -= st % 2
     if st < _MIN_STAGES or ts < _MIN_STAGES:  # the ring holds a warpgroup's total after the loop (two stages)
         raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}: no room for two stages of each ring")
-    return WgmmaPlan(nt, st, T * s, wgmma_tm_smem_bytes(w, st, ts, iters), s, iters, w, ts, 0, True)
+    return WgmmaPlan(nt, st, T * s, wgmma_tm_smem_bytes(w, st, ts, iters, s), s, iters, w, ts, 0, True)
 
 
 def prefer_token_major(plan: WgmmaPlan, M: int) -> bool:
