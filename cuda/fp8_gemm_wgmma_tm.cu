@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     const int rows_a = min(wn, split);
     // Layout: [stages][WN x 128] weights | [tstages][64 x 128] tokens (both regions multiples of 1 KB: swizzle atoms
     // stay aligned; after the loop the weight ring holds a warpgroup's total) | (S = 2) [R][128] floats: rank 1's
-    // total, received by rank 0 | [tstages][64] token scales | [iters][2] weight scales (left / right of split) |
+    // total, received by rank 0 (16-byte aligned: the token ring is a multiple of 1 KB) | [tstages][64] token scales | [iters][2] weight scales (left / right of split) |
     // mbarriers full_w, empty_w, full_t, empty_t, (S = 2) recv_bar
     constexpr int RECV_BYTES = S == 2 ? R * 128 * 4 : 0;
     const unsigned wring = smem_u32(smem), tring = wring + stages * W_BYTES, recv = tring + tstages * TM_TOKEN_BYTES;
@@ -268,14 +268,22 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     } else {
         cluster_wait();  // rank 0's recv_bar is initialized (its arrive came after the init's fence)
         if (wg == 0 && rank == 1) {
-            const unsigned dst = mapa_shared(recv, 0u), bar = mapa_shared(recv_bar, 0u);
+            // [R / 4][128 threads][4]: one 16-byte store per four registers, read back as float4 without conflicts
+            const unsigned dst = mapa_shared(recv, 0u) + 16u * tid, bar = mapa_shared(recv_bar, 0u);
 #pragma unroll
-            for (int r = 0; r < R; ++r) st_async_f32(dst + 4u * (r * 128 + tid), total[r], bar);
+            for (int r = 0; r < R; r += 4)
+                st_async_f32x4(dst + 512u * (r / 4), total[r], total[r + 1], total[r + 2], total[r + 3], bar);
         } else if (wg == 0) {
-            const float* in = reinterpret_cast<const float*>(smem_raw + (recv - raw));  // [R][128]: conflict free
+            const float4* in = reinterpret_cast<const float4*>(smem_raw + (recv - raw)) + tid;
             mbar_wait(recv_bar, 0);
 #pragma unroll
-            for (int r = 0; r < R; ++r) total[r] += in[r * 128 + tid];
+            for (int r = 0; r < R; r += 4) {
+                const float4 v = in[128 * (r / 4)];
+                total[r] += v.x;
+                total[r + 1] += v.y;
+                total[r + 2] += v.z;
+                total[r + 3] += v.w;
+            }
             tm_store<WN>(total, y, n0, wn, M, N);
         }
     }

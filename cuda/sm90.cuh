@@ -225,11 +225,13 @@ __device__ __forceinline__ void cluster_wait() {
 __device__ __forceinline__ void fence_mbarrier_init_cluster() {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
-// 4 bytes into a peer CTA's shared memory (addr, bar: its shared::cluster addresses from mapa_shared), counted as
-// transaction bytes on the peer's mbarrier `bar`: the peer waits on its own barrier, no cluster barrier needed.
-__device__ __forceinline__ void st_async_f32(unsigned addr, float v, unsigned bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-                 ::"r"(addr), "r"(__float_as_uint(v)), "r"(bar) : "memory");
+// 16 bytes (16-byte aligned) into a peer CTA's shared memory (addr, bar: its shared::cluster addresses from
+// mapa_shared), counted as transaction bytes on the peer's mbarrier `bar`: the peer waits on its own barrier, no
+// cluster barrier needed.
+__device__ __forceinline__ void st_async_f32x4(unsigned addr, float a, float b, float c, float d, unsigned bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
+                 ::"r"(addr), "r"(__float_as_uint(a)), "r"(__float_as_uint(b)), "r"(__float_as_uint(c)),
+                 "r"(__float_as_uint(d)), "r"(bar) : "memory");
 }
 
 // D[64 x NT] (+)= A[64 x 32] * B[NT x 32]^T, e4m3 in, FP32 accumulate; accumulate == 0 overwrites D.
