@@ -272,7 +272,7 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
             const unsigned dst = mapa_shared(recv, 0u) + 16u * tid, bar = mapa_shared(recv_bar, 0u);
 #pragma unroll
             for (int r = 0; r < R; r += 4)
-                st_async_f32x4(dst + 512u * (r / 4), total[r], total[r + 1], total[r + 2], total[r + 3], bar);
+                st_async_f32x4(dst + 2048u * (r / 4), total[r], total[r + 1], total[r + 2], total[r + 3], bar);
         } else if (wg == 0) {
             const float4* in = reinterpret_cast<const float4*>(smem_raw + (recv - raw)) + tid;
             mbar_wait(recv_bar, 0);
