@@ -32,6 +32,7 @@
 #define TM_THREADS (TM_CONSUMERS + 32)
 #define TM_BAR_READY 1              // producer warp -> consumers: stage barriers initialized (TM_CONSUMERS + 32)
 #define TM_BAR_SUM 2                // both consumer warpgroups
+#define TM_BAR_STORE 3              // warpgroup 0 (tm_store)
 #define TM_TOKEN_BYTES 8192         // one token stage: the MMA's 64 rows x 128 bytes
 #define TM_SCALES 64                // token scales per token stage
 
@@ -84,17 +85,28 @@ __device__ __forceinline__ void tm_promote(float (&total)[WN / 2], const float (
     }
 }
 
-// One warpgroup's [64 tokens x WN] total to y[M, N] as bf16 pairs: tile columns [0, wn) from n0 (rows past M and
-// columns past wn dropped).
+// Warpgroup 0's [64 tokens x WN] total to y[M, N] as bf16: tile columns [0, wn) from n0 (rows past M and columns
+// past wn dropped), through `stage` (64 x WN bf16 of free shared memory, 16-byte aligned): the accumulator layout
+// gives a thread 4-byte pieces of eight rows, so it is written to shared memory first and copied out in 16-byte
+// chunks of whole rows. Measured (bench/probes/gemm_tm_ablation.py, session 14): the direct 4-byte stores cost
+// wqkv ~0.4 us at 64 tokens in the PDL chain.
 template <int WN>
-__device__ __forceinline__ void tm_store(const float (&v)[WN / 2], bf16_t* __restrict__ y, int n0, int wn, int M,
-                                         int N) {
+__device__ __forceinline__ void tm_store(const float (&v)[WN / 2], unsigned char* stage, bf16_t* __restrict__ y,
+                                         int n0, int wn, int M, int N) {
     const int t = threadIdx.x & 127, lane = t & 31;
     const int m = 16 * (t >> 5) + (lane >> 2);
 #pragma unroll
     for (int r = 0; r < WN / 2; r += 2) {
         const int row = m + 8 * ((r & 3) >> 1), col = 8 * (r >> 2) + 2 * (lane & 3);
-        if (row < M && col < wn) *reinterpret_cast<unsigned*>(y + (i64)row * N + n0 + col) = pack_bf16x2(v[r], v[r + 1]);
+        *reinterpret_cast<unsigned*>(stage + 2 * (row * WN + col)) = pack_bf16x2(v[r], v[r + 1]);
+    }
+    named_barrier(TM_BAR_STORE, 128);
+    constexpr int CH = WN / 8;  // 16-byte chunks per row
+    for (int q = t; q < M * CH; q += 128) {
+        const int row = q / CH, c = q - row * CH;
+        if (8 * c < wn)
+            *reinterpret_cast<uint4*>(y + (i64)row * N + n0 + 8 * c) =
+                *reinterpret_cast<const uint4*>(stage + 2 * (row * WN + 8 * c));
     }
 }
 
@@ -264,7 +276,7 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
         for (int r = 0; r < R; ++r) total[r] += sum[r * 128 + tid];
     }
     if constexpr (S == 1) {
-        if (wg == 0) tm_store<WN>(total, y, n0, wn, M, N);
+        if (wg == 0) tm_store<WN>(total, smem + stages * W_BYTES, y, n0, wn, M, N);  // staged in the free token ring
     } else {
         cluster_wait();  // rank 0's recv_bar is initialized (its arrive came after the init's fence)
         if (wg == 0 && rank == 1) {
@@ -284,7 +296,7 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
                 total[r + 2] += v.z;
                 total[r + 3] += v.w;
             }
-            tm_store<WN>(total, y, n0, wn, M, N);
+            tm_store<WN>(total, smem + stages * W_BYTES, y, n0, wn, M, N);
         }
     }
 }

@@ -51,7 +51,7 @@ TOKENS = ("            pdl_wait();  // tokens and their scales were written by t
           "            for (int u = 0; u < tpre; ++u) load_tokens(u, kbeg + u);\n")
 TRIGGER = "    pdl_launch_dependents();\n    if (tid >= TM_CONSUMERS) {"
 AFTER_LOOP = "    // The tile's sum in a fixed order"
-STORE = "        if (wg == 0) tm_store<WN>(total, y, n0, wn, M, N);\n"
+STORE = "        if (wg == 0) tm_store<WN>(total, smem + stages * W_BYTES, y, n0, wn, M, N);"
 LAST_LOAD = ("                ring_next(wsg, wph, stages);\n            }\n        }\n"
              "        if constexpr (S == 2) cluster_wait();")
 AFTER_LOADS = [(TRIGGER, "    if (tid >= TM_CONSUMERS) {"),
@@ -68,7 +68,7 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "tokens_early": [(TOKENS, "            for (int u = 0; u < tpre; ++u) load_tokens(u, kbeg + u);\n"
                               "            pdl_wait();\n")],
     "trigger_late": TRIGGER_LATE,
-    "no_store": [(STORE, "")],
+    "no_store": [(STORE, "")],  # (S = 1 only)
     "trigger_after_loads": AFTER_LOADS,
     # only the first stages are loaded (wrong outputs): what streaming the rest of the tokens / weights costs
     "t_once": [("                    load_tokens(ts, kbeg + i + tstages);\n",
@@ -93,7 +93,8 @@ def tail_edits(kind: str) -> list[tuple[str, str]]:
                 "    if constexpr (S == 2) cluster_wait();\n}\n")
         return [(tail, keep)]
     pair = text[text.index(PAIR_SUM_BEGIN):text.rindex("    }\n}")]
-    return [(pair, "        cluster_wait();\n        if (wg == 0) tm_store<WN>(total, y, n0, wn, M, N);\n")]
+    return [(pair, "        cluster_wait();\n"
+                   "        if (wg == 0) tm_store<WN>(total, smem + stages * W_BYTES, y, n0, wn, M, N);\n")]
 
 
 VARIANTS.update({k: tail_edits(k) for k in ("no_tail", "no_pair")})
