@@ -4,8 +4,9 @@
 //
 // Where it runs (gemm_plan.prefer_token_major): layers that cut into one tile per SM, whole-K tiles from 9 tokens,
 // cluster pairs from 33 (RTTS_GEMM_TM=0 / 1: never / wherever it has a plan). On one H200 in a PDL chain of calls
-// (session 13) wqkv took 6.5-6.9 us at 16-64 tokens (stream-K: 6.8-9.3) and wo 6.5 at 64 (7.8); it is slower than
-// stream-K for w2 (hence gemm_plan._TM_MAX_ITERS). bench/results/traces/README.md has every run.
+// (session 14) wqkv took 6.6-6.8 us at 16-64 tokens (stream-K: 6.8-9.3) and wo 6.1-6.2 at 64 (7.7); it is about as
+// fast as stream-K for w2 at 64 tokens (12.6 against 12.3) and slower below (hence gemm_plan._TM_MAX_ITERS).
+// bench/results/traces/README.md has every run.
 //
 // Why a third kernel: the swap-AB kernels put weight rows on the wgmma M side (64 per warpgroup), so a layer of N rows
 // has N/64 or N/128 tiles, too few to give every SM one whole tile, and their stream-K split leaves most tiles in
@@ -138,7 +139,7 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     const int blk = n0 >> 7, split = 128 - (n0 & 127);  // tile columns [0, split) lie in weight block blk
     const int rows_a = min(wn, split);
     // Layout: [stages][WN x 128] weights | [tstages][64 x 128] tokens (both regions multiples of 1 KB: swizzle atoms
-    // stay aligned; after the loop the weight ring holds a warpgroup's total) | (S = 2) [R][128] floats: rank 1's
+    // stay aligned; after the loop the weight ring holds a warpgroup's total, the token ring the bf16 tile stored) | (S = 2) [R][128] floats: rank 1's
     // total, received by rank 0 (16-byte aligned: the token ring is a multiple of 1 KB) | [tstages][64] token scales | [iters][2] weight scales (left / right of split) |
     // mbarriers full_w, empty_w, full_t, empty_t, (S = 2) recv_bar
     constexpr int RECV_BYTES = S == 2 ? R * 128 * 4 : 0;
