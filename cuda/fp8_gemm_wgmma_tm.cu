@@ -139,9 +139,10 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     const int blk = n0 >> 7, split = 128 - (n0 & 127);  // tile columns [0, split) lie in weight block blk
     const int rows_a = min(wn, split);
     // Layout: [stages][WN x 128] weights | [tstages][64 x 128] tokens (both regions multiples of 1 KB: swizzle atoms
-    // stay aligned; after the loop the weight ring holds a warpgroup's total, the token ring the bf16 tile stored) | (S = 2) [R][128] floats: rank 1's
-    // total, received by rank 0 (16-byte aligned: the token ring is a multiple of 1 KB) | [tstages][64] token scales | [iters][2] weight scales (left / right of split) |
-    // mbarriers full_w, empty_w, full_t, empty_t, (S = 2) recv_bar
+    // stay aligned; after the loop the weight ring holds a warpgroup's total, the token ring the bf16 tile stored) |
+    // (S = 2) [R][128] floats: rank 1's total, received by rank 0 (16-byte aligned: the token ring is a multiple of
+    // 1 KB) | [tstages][64] token scales | [iters][2] weight scales (left / right of split) | mbarriers full_w,
+    // empty_w, full_t, empty_t, (S = 2) recv_bar
     constexpr int RECV_BYTES = S == 2 ? R * 128 * 4 : 0;
     const unsigned wring = smem_u32(smem), tring = wring + stages * W_BYTES, recv = tring + tstages * TM_TOKEN_BYTES;
     float* s_x = reinterpret_cast<float*>(smem + stages * W_BYTES + tstages * TM_TOKEN_BYTES + RECV_BYTES);
