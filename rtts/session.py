@@ -4,7 +4,8 @@ The session turns text events into synthesis turns (through the segmenter), subm
 order, and streams each turn's audio — encoded in the requested format and sample rate — back through `send`. One
 sender task drains the turns' outboxes in order; the event loop only awaits, the model runs in the scheduler threads.
 
-A session ends with exactly one `finish`: `stop` after `stop` and all audio, `error` (+ message) on any failure.
+A session ends with exactly one `finish`: `stop` after `stop` and all audio, `error` (+ message) on any failure. A
+client that closes its socket mid-session ends it quietly (ClientGone).
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ TAIL_MARGIN_SECONDS = 0.1
 
 class SessionError(Exception):
     """Ends the session with finish/error and this message."""
+
+
+class ClientGone(Exception):
+    """Raised by the transport's `on_audio` / `on_finish` once its client has gone away (a closed socket). Closing
+    the socket is how clients interrupt (PROTOCOL.md §7): the session ends quietly, as a normal end and not a failure,
+    and no finish is sent (nobody is left to read it)."""
 
 
 @dataclass
@@ -296,6 +303,13 @@ class Session:
         except SessionError as e:
             self.handle.cancel()
             await self._finish("error", str(e))
+        except ClientGone:
+            # Usually the transport notices the close first and aborts the session; this is the sender noticing it
+            # first (e.g. while a pipelined start waits for this session to drain). Its finish still releases what
+            # the session holds (the transport knows the client is gone and sends nothing).
+            log.info("client gone mid-session: session ended")
+            self.drop()
+            await self._finish("error", "connection closed")
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a bug must still end the session properly

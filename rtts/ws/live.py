@@ -14,10 +14,11 @@ import dataclasses
 import logging
 from typing import Any
 
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 from rtts.pingpong import NoSlotError, StreamHandle
 from rtts.session import (
+    ClientGone,
     Session,
     SessionError,
     resolve_references,
@@ -67,8 +68,20 @@ class Connection:
     # ------------------------------------------------------------------ sending
 
     async def send(self, data: bytes) -> None:
+        """Raises ClientGone once the client has left, whichever way the socket's closing showed."""
         async with self._send_lock:
-            await self.ws.send_bytes(data)
+            if self.closed:
+                # The receive loop has seen the disconnect: uvicorn would refuse the send with a bare RuntimeError,
+                # indistinguishable from a bug.
+                raise ClientGone("connection closed")
+            try:
+                await self.ws.send_bytes(data)
+            except (WebSocketDisconnect, WebSocketDisconnected) as e:
+                # Starlette's two forms of a closed socket: WebSocketDisconnect(1006) wraps uvicorn's
+                # ClientDisconnected (the socket closed under this send); WebSocketDisconnected is a send after that
+                # or after our own close (shutdown).
+                self.closed = True
+                raise ClientGone("connection closed") from e
 
     async def _on_audio(self, audio: bytes, extra: dict[str, object]) -> None:
         await self.send(audio_event(audio, **extra))
@@ -77,7 +90,9 @@ class Connection:
         # A session is active until its finish (it sends exactly one), not until the socket's next message reaps it.
         self.rt.metrics.sessions.dec()
         self._idle()
-        if reason == "error" and not self.closed:  # a client that leaves mid-session is not a failed session
+        if self.closed:  # a client that leaves mid-session is not a failed session, and has no one to tell
+            return
+        if reason == "error":
             self.rt.metrics.errors.inc()
         await self.send(finish_event(reason, message))
 
@@ -147,7 +162,7 @@ class Connection:
                     await self.error("text frames are not supported: send msgpack maps in binary frames")
                     continue
                 await self._handle(msg["bytes"])
-        except WebSocketDisconnect:
+        except ClientGone:  # (every send goes through self.send)
             pass
         finally:
             await self._teardown()
@@ -172,8 +187,12 @@ class Connection:
             if self.refused and e.event != "start" and self.session is None:
                 log.info("bad message for a refused start dropped: %s", e)  # that session has its finish
                 return
+            # Out of a session the only valid message is a start, so one that names no event (not MessagePack, over
+            # the size limit) was the client's start: refused like a bad one, its error is that session's only
+            # finish, and the text, flush and stop the client sends for it next get none of their own.
+            unknown_start = e.event is None and self.session is None and not self.starting
             await self.error(str(e))
-            self.refused = e.event == "start"
+            self.refused = e.event == "start" or unknown_start
             return
         if ev is None:
             return  # an event from a newer protocol: ignored
@@ -188,6 +207,8 @@ class Connection:
                 await self._drained()
             finally:
                 self.starting = False
+            if self.closed:
+                return  # the client left while the session before drained: nothing to start for it
             if self.session is not None:
                 await self.error("'start' received while a session is active; send 'stop' first")
                 return
