@@ -140,10 +140,10 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     const int rows_a = min(wn, split);
     // Layout: [stages][WN x 128] weights | [tstages][64 x 128] tokens (both regions multiples of 1 KB: swizzle atoms
     // stay aligned; after the loop the weight ring holds a warpgroup's total, the token ring the bf16 tile stored) |
-    // (S = 2) [R][128] floats: rank 1's total, received by rank 0 (16-byte aligned: the token ring is a multiple of
-    // 1 KB) | [tstages][64] token scales | [iters][2] weight scales (left / right of split) | mbarriers full_w,
-    // empty_w, full_t, empty_t, (S = 2) recv_bar
-    constexpr int RECV_BYTES = S == 2 ? R * 128 * 4 : 0;
+    // (S = 2) [2][R][128] floats: rank 1's warpgroups' totals, received by rank 0 (16-byte aligned: the token ring
+    // is a multiple of 1 KB) | [tstages][64] token scales | [iters][2] weight scales (left / right of split) |
+    // mbarriers full_w, empty_w, full_t, empty_t, (S = 2) recv_bar
+    constexpr int RECV_BYTES = S == 2 ? 2 * R * 128 * 4 : 0;
     const unsigned wring = smem_u32(smem), tring = wring + stages * W_BYTES, recv = tring + tstages * TM_TOKEN_BYTES;
     float* s_x = reinterpret_cast<float*>(smem + stages * W_BYTES + tstages * TM_TOKEN_BYTES + RECV_BYTES);
     float* s_w = s_x + tstages * TM_SCALES;
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
                 mbar_init(empty_t + 8 * s, TM_CONSUMERS / 64);
             }
             if constexpr (S == 2) {
-                // rank 0: rank 1's total lands here as transaction bytes (rank 1's barrier goes unused)
+                // rank 0: rank 1's totals land here as transaction bytes (rank 1's barrier goes unused)
                 mbar_init(recv_bar, 1);
                 mbar_arrive_expect_tx(recv_bar, RECV_BYTES);
                 fence_mbarrier_init_cluster();  // ... visible to the peer once it has waited on the cluster barrier
@@ -261,11 +261,23 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
         if (t >= tstages) t -= tstages, tph ^= 1;
     }
 
-    // The tile's sum in a fixed order (the same bits on every launch): warpgroup 0 + warpgroup 1 (through the weight
-    // ring, free once both are past their last MMA), then for S = 2 rank 0 + rank 1: rank 1 pushes its total into
-    // rank 0's receive buffer (st.async, counted on rank 0's recv_bar) and exits; rank 0 waits on its own barrier.
-    // Why not two cluster barriers with rank 0 reading rank 1's shared memory: measured (bench/probes/
-    // gemm_tm_ablation.py, session 14) the pair sum so cost wo 1.3 us and w2 1.9 us at 64 tokens in the PDL chain.
+    // The tile's sum in a fixed order (the same bits on every launch): warpgroup 0 + warpgroup 1, then for S = 2
+    // rank 0's + rank 1's. Rank 0 sums its warpgroups through the weight ring (free once both are past their last
+    // MMA); rank 1's warpgroups each push their total into rank 0's receive buffer (st.async, counted on rank 0's
+    // recv_bar) and exit, and rank 0 adds them up itself. Why not two cluster barriers with rank 0 reading rank 1's
+    // shared memory: measured (bench/probes/gemm_tm_ablation.py, session 14) that pair sum cost wo 1.3 us and w2
+    // 1.9 us at 64 tokens in the PDL chain; pushing rank 1's summed total cut it to ~0.35 us for wo.
+    if (S == 2 && rank == 1) {
+        cluster_wait();  // rank 0's recv_bar is initialized (its arrive came after the init's fence)
+        // per warpgroup [R / 4][128 threads][4]: one 16-byte store per four registers, read back as float4 without
+        // bank conflicts
+        const unsigned dst = mapa_shared(recv, 0u) + 16u * (tid & 127) + wg * (R * 128 * 4);
+        const unsigned bar = mapa_shared(recv_bar, 0u);
+#pragma unroll
+        for (int r = 0; r < R; r += 4)
+            st_async_f32x4(dst + 2048u * (r / 4), total[r], total[r + 1], total[r + 2], total[r + 3], bar);
+        return;
+    }
     float* sum = reinterpret_cast<float*>(smem);  // [R][128 threads]: conflict free
     named_barrier(TM_BAR_SUM, TM_CONSUMERS);
     if (wg == 1) {
@@ -277,28 +289,20 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
 #pragma unroll
         for (int r = 0; r < R; ++r) total[r] += sum[r * 128 + tid];
     }
-    if constexpr (S == 1) {
-        if (wg == 0) tm_store<WN>(total, smem + stages * W_BYTES, y, n0, wn, M, N);  // staged in the free token ring
-    } else {
-        cluster_wait();  // rank 0's recv_bar is initialized (its arrive came after the init's fence)
-        if (wg == 0 && rank == 1) {
-            // [R / 4][128 threads][4]: one 16-byte store per four registers, read back as float4 without conflicts
-            const unsigned dst = mapa_shared(recv, 0u) + 16u * tid, bar = mapa_shared(recv_bar, 0u);
-#pragma unroll
-            for (int r = 0; r < R; r += 4)
-                st_async_f32x4(dst + 2048u * (r / 4), total[r], total[r + 1], total[r + 2], total[r + 3], bar);
-        } else if (wg == 0) {
+    if constexpr (S == 2) {
+        cluster_wait();  // (every thread of the cluster waits once for its arrive)
+        if (wg == 0) {
             const float4* in = reinterpret_cast<const float4*>(smem_raw + (recv - raw)) + tid;
             mbar_wait(recv_bar, 0);
 #pragma unroll
             for (int r = 0; r < R; r += 4) {
-                const float4 v = in[128 * (r / 4)];
-                total[r] += v.x;
-                total[r + 1] += v.y;
-                total[r + 2] += v.z;
-                total[r + 3] += v.w;
+                const float4 a = in[128 * (r / 4)], b = in[R * 32 + 128 * (r / 4)];  // rank 1's warpgroups 0, 1
+                total[r] += a.x + b.x;
+                total[r + 1] += a.y + b.y;
+                total[r + 2] += a.z + b.z;
+                total[r + 3] += a.w + b.w;
             }
-            tm_store<WN>(total, smem + stages * W_BYTES, y, n0, wn, M, N);
         }
     }
+    if (wg == 0) tm_store<WN>(total, smem + stages * W_BYTES, y, n0, wn, M, N);  // staged in the free token ring
 }

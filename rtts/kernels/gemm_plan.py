@@ -95,6 +95,7 @@ _TM_TOKEN_BYTES = 8192  # a token stage: the MMA's 64 rows x 128
 # warpgroup's load into it (one phase earlier) was still pending, and the parity wait would pass it (session 12's
 # probe hung on a three-stage ring). Eight token stages (four per warpgroup) measured no faster than four.
 _TM_TOKEN_STAGES = 8
+_TM_PAIR_TOKEN_STAGES = 6  # cluster pairs: rank 0 also holds the peer's totals (10 KB at WN = 40); weights keep 8
 _TM_MAX_STAGES = 8
 # Auto plans only for layers of at most this many K blocks per CTA: measured on the H200 (session 12, one CTA per
 # SM, PDL chain), wqkv (20 per CTA) and wo (16) ran faster than stream-K (64 tokens: 9.4 -> 7.4, 7.9 -> 6.8 us) and
@@ -258,9 +259,9 @@ def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, gr
 
 def wgmma_tm_smem_bytes(wn: int, stages: int, tstages: int, iters: int, split: int = 1) -> int:
     """Dynamic shared memory of one token-major CTA: `stages` weight stages of WN x 128, `tstages` 8 KB token stages
-    with 64 scales each, (cluster pairs, split = 2) the buffer receiving the peer's FP32 total (64 x WN) and its
-    mbarrier, two weight scales per K block, two mbarriers per stage, 1 KB of alignment slack."""
-    recv = wn * 64 * 4 + 8 if split == 2 else 0
+    with 64 scales each, (cluster pairs, split = 2) the buffer receiving the peer's two FP32 warpgroup totals (64 x
+    WN each) and its mbarrier, two weight scales per K block, two mbarriers per stage, 1 KB of alignment slack."""
+    recv = 2 * wn * 64 * 4 + 8 if split == 2 else 0
     return (1024 + stages * wn * 128 + tstages * (_TM_TOKEN_BYTES + 4 * 64) + recv + 8 * iters
             + 16 * (stages + tstages) + 16)
 
@@ -294,7 +295,7 @@ def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, s
         raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}")
     _, s, w, T = min(options)
     iters = KB // s
-    ts = _TM_TOKEN_STAGES if tstages is None else tstages
+    ts = (_TM_TOKEN_STAGES if s == 1 else _TM_PAIR_TOKEN_STAGES) if tstages is None else tstages
     ts -= ts % 2
     room = _SMEM_PAIR_LIMIT - wgmma_tm_smem_bytes(w, 0, ts, iters, s)
     st = min(_TM_MAX_STAGES, room // (w * 128 + 16))
