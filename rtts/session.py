@@ -11,6 +11,7 @@ client that closes its socket mid-session ends it quietly (ClientGone).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -314,6 +315,8 @@ class Session:
             raise
         except Exception as e:  # a bug must still end the session properly
             log.exception("session failed")
+            with contextlib.suppress(Exception):  # (the bug may be the stream's own) its turns stop generating
+                self.handle.cancel()
             await self._finish("error", f"internal error: {e}")
 
     async def _next_turn(self) -> tuple[Outbox, str, _Timing] | None:
