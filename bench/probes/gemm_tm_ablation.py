@@ -23,7 +23,7 @@ Variants (outputs are wrong in the ones marked *; only their time is read):
                   last blocks): the next GEMM prefetches during this one's tail only
   *_st10          the same with 10 weight stages and 4 token stages (the planner's cap lifted): a deeper
                   prefetch, when it no longer competes with this GEMM's loop
-  ts4             the kernel as committed, 8 weight stages and 4 token stages
+  ts4, ts4_st10   the kernel as committed, 4 token stages and 8 / 10 weight stages
 
     python bench/probes/gemm_tm_ablation.py OUT [token counts, default 32,64] [variants, default all]  # GPU
 
@@ -99,7 +99,9 @@ def tail_edits(kind: str) -> list[tuple[str, str]]:
 VARIANTS.update({k: tail_edits(k) for k in ("no_tail", "no_pair")})
 CHECKED: tuple[str, ...] = ()  # variants whose output must equal the base kernel's, bit for bit
 VARIANTS["ts4"] = []  # the kernel as committed with 4 token stages and 8 weight stages
-STAGES = {"trigger_late_st10": 10, "trigger_after_loads_st10": 10, "ts4": 8}  # weight ring depth (others: planner's)
+VARIANTS["ts4_st10"] = []  # ... and 10 weight stages
+STAGES = {"trigger_late_st10": 10, "trigger_after_loads_st10": 10, "ts4": 8, "ts4_st10": 10}  # weight ring depth
+# (others: the planner's)
 
 
 def main() -> None:
