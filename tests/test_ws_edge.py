@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgpack
 import numpy as np
 import pytest
 from liveserver import (
@@ -172,3 +173,17 @@ def test_an_undecodable_message_out_of_a_session_is_a_refused_start(srv: LiveSer
         audio, fin = session(ws, ["A good one."], sample_rate=8000, max_new_tokens=4)
         assert fin == {"event": "finish", "reason": "stop"} and audio
     _wait_released(srv)
+
+
+def test_a_bad_text_out_of_a_session_is_not_a_refused_start(srv: LiveServer) -> None:
+    """A text event with a bad field is known to be text, not a start: out of a session it gets its error and the
+    flush after it gets its own (as a good text out of a session would), not the refused-start silence."""
+    with srv.connect() as ws:
+        ws.send(msgpack.packb({"event": "text", "text": 5}))
+        expect_error(ws, "text")
+        ws.send(FLUSH)
+        expect_error(ws)
+        audio, fin = session(ws, ["A good one."], sample_rate=8000, max_new_tokens=4)
+        assert fin == {"event": "finish", "reason": "stop"} and audio
+    _wait_released(srv)
+

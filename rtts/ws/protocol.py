@@ -452,7 +452,11 @@ def decode_client_message(data: bytes, limits: Limits = Limits()) -> ClientEvent
             e.event = "start"
             raise
     if event == "text":
-        return TextEvent(_text_event_text(obj.get("text"), limits))
+        try:
+            return TextEvent(_text_event_text(obj.get("text"), limits))
+        except ProtocolError as e:
+            e.event = "text"  # known to be text, not a start (out of a session an unknown one is taken for one)
+            raise
     return _SIMPLE_EVENTS.get(event)
 
 
