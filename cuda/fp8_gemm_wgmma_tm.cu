@@ -91,20 +91,22 @@ __device__ __forceinline__ void tm_promote(float (&total)[WN / 2], const float (
 // gives a thread 4-byte pieces of eight rows, so it is written to shared memory first and copied out in 16-byte
 // chunks of whole rows. Measured (bench/probes/gemm_tm_ablation.py, session 14): the direct 4-byte stores cost
 // wqkv ~0.4 us at 64 tokens in the PDL chain.
+// Only column groups [g0, g1) (8 columns each) are stored: a cluster pair's ranks store one part each.
 template <int WN>
 __device__ __forceinline__ void tm_store(const float (&v)[WN / 2], unsigned char* stage, bf16_t* __restrict__ y,
-                                         int n0, int wn, int M, int N) {
+                                         int n0, int wn, int M, int N, int g0, int g1) {
     const int t = threadIdx.x & 127, lane = t & 31;
     const int m = 16 * (t >> 5) + (lane >> 2);
 #pragma unroll
     for (int r = 0; r < WN / 2; r += 2) {
+        if (r / 4 < g0 || r / 4 >= g1) continue;
         const int row = m + 8 * ((r & 3) >> 1), col = 8 * (r >> 2) + 2 * (lane & 3);
         *reinterpret_cast<unsigned*>(stage + 2 * (row * WN + col)) = pack_bf16x2(v[r], v[r + 1]);
     }
     named_barrier(TM_BAR_STORE, 128);
-    constexpr int CH = WN / 8;  // 16-byte chunks per row
-    for (int q = t; q < M * CH; q += 128) {
-        const int row = q / CH, c = q - row * CH;
+    const int ch = g1 - g0;  // 16-byte chunks per row
+    for (int q = t; q < M * ch; q += 128) {
+        const int row = q / ch, c = g0 + q - row * ch;
         if (8 * c < wn)
             *reinterpret_cast<uint4*>(y + (i64)row * N + n0 + 8 * c) =
                 *reinterpret_cast<const uint4*>(stage + 2 * (row * WN + 8 * c));
@@ -140,10 +142,13 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     const int rows_a = min(wn, split);
     // Layout: [stages][WN x 128] weights | [tstages][64 x 128] tokens (both regions multiples of 1 KB: swizzle atoms
     // stay aligned; after the loop the weight ring holds a warpgroup's total, the token ring the bf16 tile stored) |
-    // (S = 2) [2][R][128] floats: rank 1's warpgroups' totals, received by rank 0 (16-byte aligned: the token ring
-    // is a multiple of 1 KB) | [tstages][64] token scales | [iters][2] weight scales (left / right of split) |
-    // mbarriers full_w, empty_w, full_t, empty_t, (S = 2) recv_bar
-    constexpr int RECV_BYTES = S == 2 ? 2 * R * 128 * 4 : 0;
+    // (S = 2) [2][GH][128][4] floats: the peer's warpgroup totals of this rank's column groups (16-byte aligned:
+    // the token ring is a multiple of 1 KB) | [tstages][64] token scales | [iters][2] weight scales (left / right of
+    // split) | mbarriers full_w, empty_w, full_t, empty_t, (S = 2) recv_bar
+    // (S = 2) rank 0 stores column groups [0, GA), rank 1 [GA, WN / 8); each receives the peer's two warpgroup
+    // totals of its own groups: [2 warpgroups][GH groups][128 threads][4] floats
+    constexpr int G8 = WN / 8, GA = G8 / 2, GH = G8 - GA;
+    constexpr int RECV_BYTES = S == 2 ? 2 * GH * 2048 : 0;
     const unsigned wring = smem_u32(smem), tring = wring + stages * W_BYTES, recv = tring + tstages * TM_TOKEN_BYTES;
     float* s_x = reinterpret_cast<float*>(smem + stages * W_BYTES + tstages * TM_TOKEN_BYTES + RECV_BYTES);
     float* s_w = s_x + tstages * TM_SCALES;
@@ -163,9 +168,9 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
                 mbar_init(empty_t + 8 * s, TM_CONSUMERS / 64);
             }
             if constexpr (S == 2) {
-                // rank 0: rank 1's totals land here as transaction bytes (rank 1's barrier goes unused)
+                // the peer's totals of this rank's column groups land here as transaction bytes
                 mbar_init(recv_bar, 1);
-                mbar_arrive_expect_tx(recv_bar, RECV_BYTES);
+                mbar_arrive_expect_tx(recv_bar, 2 * (rank == 0 ? GA : GH) * 2048);
                 fence_mbarrier_init_cluster();  // ... visible to the peer once it has waited on the cluster barrier
             }
             fence_proxy_async();  // the inits are visible to the TMA engine (async proxy)
@@ -262,47 +267,52 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     }
 
     // The tile's sum in a fixed order (the same bits on every launch): warpgroup 0 + warpgroup 1, then for S = 2
-    // rank 0's + rank 1's. Rank 0 sums its warpgroups through the weight ring (free once both are past their last
-    // MMA); rank 1's warpgroups each push their total into rank 0's receive buffer (st.async, counted on rank 0's
-    // recv_bar) and exit, and rank 0 adds them up itself. Why not two cluster barriers with rank 0 reading rank 1's
-    // shared memory: measured (bench/probes/gemm_tm_ablation.py, session 14) that pair sum cost wo 1.3 us and w2
-    // 1.9 us at 64 tokens in the PDL chain; pushing rank 1's summed total cut it to ~0.35 us for wo.
-    if (S == 2 && rank == 1) {
-        cluster_wait();  // rank 0's recv_bar is initialized (its arrive came after the init's fence)
-        // per warpgroup [R / 4][128 threads][4]: one 16-byte store per four registers, read back as float4 without
-        // bank conflicts
-        const unsigned dst = mapa_shared(recv, 0u) + 16u * (tid & 127) + wg * (R * 128 * 4);
-        const unsigned bar = mapa_shared(recv_bar, 0u);
+    // rank 0's + rank 1's (float addition commutes, so either rank may do the last add). S = 2: each rank stores
+    // its own column groups; its warpgroups first push their totals of the peer's groups into the peer's receive
+    // buffer (st.async, counted on the peer's recv_bar), then it sums its own groups (warpgroups through the weight
+    // ring, free once both are past their last MMA) and adds the peer's pair of totals once they have landed. Why not
+    // two cluster barriers with rank 0 reading rank 1's shared memory: measured (bench/probes/gemm_tm_ablation.py,
+    // session 14) that pair sum cost wo 1.3 us and w2 1.9 us at 64 tokens in the PDL chain.
+    int g0 = 0, g1 = G8;
+    if constexpr (S == 2) {
+        g0 = rank == 0 ? 0 : GA;
+        g1 = rank == 0 ? GA : G8;
+        const int p0 = rank == 0 ? GA : 0, p1 = rank == 0 ? G8 : GA;  // the peer's groups
+        cluster_wait();  // the peer's recv_bar is initialized (its arrive came after the init's fence)
+        const unsigned peer = rank ^ 1u;
+        const unsigned dst = mapa_shared(recv, peer) + 16u * (tid & 127) + wg * (GH * 2048);
+        const unsigned bar = mapa_shared(recv_bar, peer);
 #pragma unroll
-        for (int r = 0; r < R; r += 4)
-            st_async_f32x4(dst + 2048u * (r / 4), total[r], total[r + 1], total[r + 2], total[r + 3], bar);
-        return;
+        for (int j = 0; j < G8; ++j) {
+            if (j < p0 || j >= p1) continue;
+            st_async_f32x4(dst + 2048u * (j - p0), total[4 * j], total[4 * j + 1], total[4 * j + 2], total[4 * j + 3],
+                           bar);
+        }
     }
     float* sum = reinterpret_cast<float*>(smem);  // [R][128 threads]: conflict free
     named_barrier(TM_BAR_SUM, TM_CONSUMERS);
     if (wg == 1) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) sum[r * 128 + tid - 128] = total[r];
+        for (int r = 0; r < R; ++r)
+            if (r / 4 >= g0 && r / 4 < g1) sum[r * 128 + tid - 128] = total[r];
+        return;
     }
     named_barrier(TM_BAR_SUM, TM_CONSUMERS);
-    if (wg == 0) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) total[r] += sum[r * 128 + tid];
-    }
+    for (int r = 0; r < R; ++r)
+        if (r / 4 >= g0 && r / 4 < g1) total[r] += sum[r * 128 + tid];
     if constexpr (S == 2) {
-        cluster_wait();  // (every thread of the cluster waits once for its arrive)
-        if (wg == 0) {
-            const float4* in = reinterpret_cast<const float4*>(smem_raw + (recv - raw)) + tid;
-            mbar_wait(recv_bar, 0);
+        const float4* in = reinterpret_cast<const float4*>(smem_raw + (recv - raw)) + tid;  // the peer's warpgroup 0
+        mbar_wait(recv_bar, 0);
 #pragma unroll
-            for (int r = 0; r < R; r += 4) {
-                const float4 a = in[128 * (r / 4)], b = in[R * 32 + 128 * (r / 4)];  // rank 1's warpgroups 0, 1
-                total[r] += a.x + b.x;
-                total[r + 1] += a.y + b.y;
-                total[r + 2] += a.z + b.z;
-                total[r + 3] += a.w + b.w;
-            }
+        for (int j = 0; j < G8; ++j) {
+            if (j < g0 || j >= g1) continue;
+            const float4 a = in[128 * (j - g0)], b = in[GH * 128 + 128 * (j - g0)];  // the peer's warpgroups 0, 1
+            total[4 * j] += a.x + b.x;
+            total[4 * j + 1] += a.y + b.y;
+            total[4 * j + 2] += a.z + b.z;
+            total[4 * j + 3] += a.w + b.w;
         }
     }
-    if (wg == 0) tm_store<WN>(total, smem + stages * W_BYTES, y, n0, wn, M, N);  // staged in the free token ring
+    tm_store<WN>(total, smem + stages * W_BYTES, y, n0, wn, M, N, g0, g1);  // staged in the free token ring
 }

@@ -321,8 +321,9 @@ def test_wgmma_tm_plan_cuts_whole_tiles_per_sm() -> None:
             assert p.grid == 132 and p.iters == K // 128 // split and 8 * math.ceil(G / T) <= wn
             assert 2 <= p.stages <= 8 and p.stages % 2 == 0 and p.tstages == (8 if split == 1 else 6)
             assert p.smem == wgmma_tm_smem_bytes(wn, p.stages, p.tstages, p.iters, split)
-            # pairs: rank 0's buffer for rank 1's two warpgroup totals (64 x wn floats each) and its mbarrier
-            assert p.smem - wgmma_tm_smem_bytes(wn, p.stages, p.tstages, p.iters) == (wn * 512 + 8) * (split == 2)
+            # pairs: a buffer for the peer's two warpgroup totals of this rank's (larger) half of the 8-column groups
+            assert p.smem - wgmma_tm_smem_bytes(wn, p.stages, p.tstages, p.iters) == (
+                2 * math.ceil(wn / 16) * 64 * 8 * 4 + 8) * (split == 2)
             assert 2 * (p.smem + 1024 + 64) <= 228 * 1024  # the next GEMM's CTA fits beside it
             assert p.stages * wn * 128 >= 64 * wn * 4  # the ring holds a warpgroup's total after the loop
             assert kernels.scratch_fits(p, N, 132)

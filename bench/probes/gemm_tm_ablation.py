@@ -51,7 +51,7 @@ TOKENS = ("            pdl_wait();  // tokens and their scales were written by t
           "            for (int u = 0; u < tpre; ++u) load_tokens(u, kbeg + u);\n")
 TRIGGER = "    pdl_launch_dependents();\n    if (tid >= TM_CONSUMERS) {"
 AFTER_LOOP = "    // The tile's sum in a fixed order"
-STORE = "if (wg == 0) tm_store<WN>(total, smem + stages * W_BYTES, y, n0, wn, M, N);"
+STORE = "    tm_store<WN>(total, smem + stages * W_BYTES, y, n0, wn, M, N, g0, g1);"
 LAST_LOAD = ("                ring_next(wsg, wph, stages);\n            }\n        }\n"
              "        if constexpr (S == 2) cluster_wait();")
 AFTER_LOADS = [(TRIGGER, "    if (tid >= TM_CONSUMERS) {"),
@@ -68,7 +68,7 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "tokens_early": [(TOKENS, "            for (int u = 0; u < tpre; ++u) load_tokens(u, kbeg + u);\n"
                               "            pdl_wait();\n")],
     "trigger_late": TRIGGER_LATE,
-    "no_store": [(STORE, "")],  # (S = 1 only)
+    "no_store": [(STORE, "    (void)g0;")],  # (S = 1 only)
     "trigger_after_loads": AFTER_LOADS,
     # only the first stages are loaded (wrong outputs): what streaming the rest of the tokens / weights costs
     "t_once": [("                    load_tokens(ts, kbeg + i + tstages);\n",
@@ -79,7 +79,8 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "trigger_late_st10": TRIGGER_LATE,
     "trigger_after_loads_st10": AFTER_LOADS,
 }
-PAIR_SUM_BEGIN = "    if constexpr (S == 2) {\n        cluster_wait();  // (every thread"
+PUSH = "            st_async_f32x4("
+RECV_WAIT = "        mbar_wait(recv_bar, 0);\n"
 
 
 def tail_edits(kind: str) -> list[tuple[str, str]]:
@@ -92,8 +93,8 @@ def tail_edits(kind: str) -> list[tuple[str, str]]:
                 "    if (M < 0) y[tid] = float_to_bf16(z);\n"
                 "    if constexpr (S == 2) cluster_wait();\n}\n")
         return [(tail, keep)]
-    pair = text[text.index(PAIR_SUM_BEGIN):text.index("    " + STORE)]
-    return [("    if (S == 2 && rank == 1) {", "    if (false) {"), (pair, "    if constexpr (S == 2) cluster_wait();\n")]
+    # no_pair: nothing pushed, nothing waited for (each rank adds whatever its receive buffer holds)
+    return [(PUSH, "            if (M < 0) st_async_f32x4("), (RECV_WAIT, "")]
 
 
 VARIANTS.update({k: tail_edits(k) for k in ("no_tail", "no_pair")})

@@ -95,7 +95,7 @@ _TM_TOKEN_BYTES = 8192  # a token stage: the MMA's 64 rows x 128
 # warpgroup's load into it (one phase earlier) was still pending, and the parity wait would pass it (session 12's
 # probe hung on a three-stage ring). Eight token stages (four per warpgroup) measured no faster than four.
 _TM_TOKEN_STAGES = 8
-_TM_PAIR_TOKEN_STAGES = 6  # cluster pairs: rank 0 also holds the peer's totals (10 KB at WN = 40); weights keep 8
+_TM_PAIR_TOKEN_STAGES = 6  # cluster pairs: each rank also holds 12 KB of the peer's totals (WN = 40); weights keep 8
 _TM_MAX_STAGES = 8
 # Auto plans only for layers of at most this many K blocks per CTA: measured on the H200 (session 12, one CTA per
 # SM, PDL chain), wqkv (20 per CTA) and wo (16) ran faster than stream-K (64 tokens: 9.4 -> 7.4, 7.9 -> 6.8 us) and
@@ -259,9 +259,10 @@ def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, gr
 
 def wgmma_tm_smem_bytes(wn: int, stages: int, tstages: int, iters: int, split: int = 1) -> int:
     """Dynamic shared memory of one token-major CTA: `stages` weight stages of WN x 128, `tstages` 8 KB token stages
-    with 64 scales each, (cluster pairs, split = 2) the buffer receiving the peer's two FP32 warpgroup totals (64 x
-    WN each) and its mbarrier, two weight scales per K block, two mbarriers per stage, 1 KB of alignment slack."""
-    recv = 2 * wn * 64 * 4 + 8 if split == 2 else 0
+    with 64 scales each, (cluster pairs, split = 2) the buffer receiving the peer's two FP32 warpgroup totals of this
+    rank's half of the columns (64 x 8 per column group, the larger half) and its mbarrier, two weight scales per K
+    block, two mbarriers per stage, 1 KB of alignment slack."""
+    recv = 2 * -(-wn // 16) * 2048 + 8 if split == 2 else 0
     return (1024 + stages * wn * 128 + tstages * (_TM_TOKEN_BYTES + 4 * 64) + recv + 8 * iters
             + 16 * (stages + tstages) + 16)
 
