@@ -295,6 +295,7 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
 #pragma unroll
         for (int r = 0; r < R; ++r)
             if (r / 4 >= g0 && r / 4 < g1) sum[r * 128 + tid - 128] = total[r];
+        named_barrier_arrive(TM_BAR_SUM, TM_CONSUMERS);  // (warpgroup 0 waits on it) this warpgroup is done
         return;
     }
     named_barrier(TM_BAR_SUM, TM_CONSUMERS);
