@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgpack
+import ormsgpack
 import numpy as np
 import pytest
 from liveserver import (
@@ -179,7 +179,7 @@ def test_a_bad_text_out_of_a_session_is_not_a_refused_start(srv: LiveServer) -> 
     """A text event with a bad field is known to be text, not a start: out of a session it gets its error and the
     flush after it gets its own (as a good text out of a session would), not the refused-start silence."""
     with srv.connect() as ws:
-        ws.send(msgpack.packb({"event": "text", "text": 5}))
+        ws.send(ormsgpack.packb({"event": "text", "text": 5}))
         expect_error(ws, "text")
         ws.send(FLUSH)
         expect_error(ws)
