@@ -33,7 +33,7 @@ from rtts.voices import Voice, VoiceError, VoiceStore
 log = logging.getLogger("rtts.session")
 
 OnAudio = Callable[[bytes, dict[str, object]], Awaitable[None]]  # encoded audio bytes, extra event fields
-OnFinish = Callable[[str, str | None], Awaitable[None]]  # reason ("stop" | "error"), message
+OnFinish = Callable[[str, str | None], Awaitable[None]]  # reason ("stop" | "cancelled" | "error"), message
 Alignment = Callable[..., dict[str, object]]  # formats the with-timestamp fields (the transport's wire names)
 
 # Turns a session keeps submitted to its stream beyond the one being streamed out. The rest of its text waits in the
@@ -198,6 +198,7 @@ class Session:
         self._closed = False
         self.done = asyncio.Event()  # set once finish was sent
         self.failed = False  # it finished with an error
+        self.cancelled = False  # the client cancelled it (the cancel / clear extension)
         # Timestamps (PROTOCOL §3): a chunk is one turn. Its audio events share its chunk_seq and carry its offset on
         # the session's audio timeline and a cumulative alignment relative to that offset, which each event of the
         # chunk replaces.
@@ -245,7 +246,9 @@ class Session:
         self.handle.cancel()
 
     async def cancel(self) -> None:
-        """Drop buffered text and in-flight audio; the session ends with finish/stop."""
+        """Drop buffered text and in-flight audio; the session ends with finish/cancelled (the extension's reply in
+        PROTOCOL.md: a client that cancelled can tell the end of what it asked from a normal end)."""
+        self.cancelled = True
         self.drop()
         await self.stop()
 
@@ -300,7 +303,7 @@ class Session:
                 self._submitted -= 1
                 self._pump()
             await self._emit(self.rechunker.push(self.encoder.finish()) + self.rechunker.flush(), content="")
-            await self._finish("stop")
+            await self._finish("cancelled" if self.cancelled else "stop")
         except SessionError as e:
             self.handle.cancel()
             await self._finish("error", str(e))

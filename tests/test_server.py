@@ -818,7 +818,8 @@ def test_latency_probe_writes_a_report(srv: LiveServer, tmp_path: Path) -> None:
 
 
 def test_cancel_extension(ws: ClientConnection) -> None:
-    """`{"event": "cancel"}` after the first audio: finish/stop promptly, then the socket takes a new start."""
+    """`{"event": "cancel"}` after the first audio: finish/cancelled promptly (PROTOCOL.md's reply for the extension),
+    then the socket takes a new start."""
     ws.send(start_msg(sample_rate=16000, max_new_tokens=200))
     ws.send(text_msg(LONG_TEXT))
     ws.send(FLUSH)
@@ -827,9 +828,24 @@ def test_cancel_extension(ws: ClientConnection) -> None:
     ws.send(CANCEL)
     events, fin = until_finish(ws, timeout=10)
     elapsed = time.monotonic() - t
-    assert fin == {"event": "finish", "reason": "stop"}
+    assert fin == {"event": "finish", "reason": "cancelled"}
     assert elapsed < 3.0, f"cancel took {elapsed:.2f} s"
     # Far less audio than the 12 sentences would have made (at most what was already in flight).
+    assert sum(len(e["audio"]) for e in events) < 16000 * 2 * 4
+    audio, fin = session(ws, ["After the cancel."], **greedy(max_new_tokens=8))
+    assert fin["reason"] == "stop" and audio
+
+
+def test_cancel_while_draining_after_stop(ws: ClientConnection) -> None:
+    """A cancel after `stop` (the session is finishing what it has) drops the rest of the audio and the finish says
+    "cancelled"; the socket takes a new start."""
+    ws.send(start_msg(sample_rate=16000, max_new_tokens=200))
+    ws.send(text_msg(LONG_TEXT))
+    ws.send(STOP)
+    assert recv_event(ws)["event"] == "audio"
+    ws.send(CANCEL)
+    events, fin = until_finish(ws, timeout=10)
+    assert fin == {"event": "finish", "reason": "cancelled"}
     assert sum(len(e["audio"]) for e in events) < 16000 * 2 * 4
     audio, fin = session(ws, ["After the cancel."], **greedy(max_new_tokens=8))
     assert fin["reason"] == "stop" and audio
@@ -1184,7 +1200,7 @@ def test_pings_answered_during_synthesis(srv: LiveServer) -> None:
             pongs += 1
         assert pongs >= 10 and audio >= 2, (pongs, audio)
         ws.send(CANCEL)
-        assert until_finish(ws)[1]["reason"] == "stop"
+        assert until_finish(ws)[1]["reason"] == "cancelled"
     srv.wait_idle()
 
 

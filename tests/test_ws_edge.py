@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import ormsgpack
 import numpy as np
+import ormsgpack
 import pytest
 from liveserver import (
     FLUSH,

@@ -228,8 +228,9 @@ class Connection:
         if self.stopping is not None:
             # The session is draining after `stop`: finishing what it has is the contract, so a late event does not
             # abort it (nor gets a finish of its own, which the client would take for its next session's). A cancel
-            # still drops the rest of the audio.
+            # still drops the rest of the audio (and the finish says so).
             if isinstance(ev, CancelEvent):
+                self.session.cancelled = True
                 self.session.drop()
             else:
                 log.warning("%s after 'stop' ignored (the session is finishing)", type(ev).__name__)
