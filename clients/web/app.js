@@ -65,7 +65,7 @@ $("speak").onclick = () => {
       $("dur").textContent = `${(samples / RATE).toFixed(2)} s`;
       play(ev.audio);
     } else if (ev.event === "finish") {
-      log(ev.reason === "error" ? `error: ${ev.message}` : "finished");
+      log(ev.reason === "error" ? `error: ${ev.message}` : ev.reason === "cancelled" ? "cancelled" : "finished");
       $("cancel").disabled = true;
       ws.close();
     }
