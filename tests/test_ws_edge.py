@@ -153,15 +153,16 @@ def test_only_a_bug_fails_a_session_loudly(caplog: pytest.LogCaptureFixture, rai
         (b"\xc1 not msgpack", ("MessagePack",)),
         # a start whose inline reference makes it too large: the size is checked before anything is decoded
         (start_msg(references=[{"audio": b"\0" * MAX_MESSAGE, "text": "x"}]), ("bytes", "limit")),
+        ('{"event": "start", "request": {}}', ("text frame",)),  # a WebSocket text frame
     ],
-    ids=["not-msgpack", "oversized"],
+    ids=["not-msgpack", "oversized", "text-frame"],
 )
-def test_an_undecodable_message_out_of_a_session_is_a_refused_start(srv: LiveServer, bad: bytes,
+def test_an_undecodable_message_out_of_a_session_is_a_refused_start(srv: LiveServer, bad: bytes | str,
                                                                      words: tuple[str, ...]) -> None:
     """Out of a session the only valid message is a start: one that cannot be decoded at all is refused like a bad
     start. Its error is the one finish for it and the text, flush and stop the client sends next; the next start on
     the socket reads only its own events."""
-    assert len(bad) > MAX_MESSAGE or bad.startswith(b"\xc1")
+    assert isinstance(bad, str) or len(bad) > MAX_MESSAGE or bad.startswith(b"\xc1")
     with srv.connect() as ws:
         ws.send(bad)
         ws.send(text_msg("Pipecat keeps talking."))

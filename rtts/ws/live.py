@@ -158,10 +158,9 @@ class Connection:
                 if msg["type"] == "websocket.disconnect":
                     break
                 self._reap()
-                if msg.get("bytes") is None:
-                    await self.error("text frames are not supported: send msgpack maps in binary frames")
-                    continue
-                await self._handle(msg["bytes"])
+                data = msg.get("bytes")
+                # A text frame is refused by the decoder like any bad message (out of a session, like a bad start)
+                await self._handle(data if data is not None else msg.get("text") or "")
         except ClientGone:  # (every send goes through self.send)
             pass
         finally:
@@ -180,7 +179,7 @@ class Connection:
             # Not fatal: the client has not started a session; `start` will try again and report the error.
             log.info("could not prefill %r at connect: %s", voice_id, e)
 
-    async def _handle(self, data: bytes) -> None:
+    async def _handle(self, data: bytes | str) -> None:
         try:
             ev = decode_client_message(data, self.rt.config.limits)
         except ProtocolError as e:

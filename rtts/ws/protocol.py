@@ -426,14 +426,14 @@ _SIMPLE_EVENTS: dict[str, ClientEvent] = {
 }
 
 
-def decode_client_message(data: bytes, limits: Limits = Limits()) -> ClientEvent | None:
+def decode_client_message(data: bytes | str, limits: Limits = Limits()) -> ClientEvent | None:
     """One binary WebSocket frame -> a client event.
 
     Returns None for an event name this server does not know: the protocol tells clients to ignore unknown server
     events for forward compatibility, and we extend clients the same courtesy (the session may log it). Everything
     else that is wrong — not msgpack, not a map, no `event`, wrong field types, too large — is a ProtocolError.
     """
-    if isinstance(data, str):  # a text frame; the session should route those here so the message is consistent
+    if isinstance(data, str):  # a text frame (the live endpoint routes those here too)
         raise ProtocolError("text frames are not supported: send one MessagePack map per binary frame")
     if len(data) > limits.max_message_bytes:
         raise ProtocolError(f"message is {len(data)} bytes, the limit is {limits.max_message_bytes}", status=413)
