@@ -14,8 +14,8 @@
 // wqkv, 64 tokens, bench/results/traces). Here the 64 (zero-padded) token rows are the wgmma M side and a tile is WN
 // weight rows (the N side: any multiple of 8), so the planner (gemm_plan.wgmma_tm_plan) can cut N into one tile per
 // SM, each over all of K (S = 1) or over half of it with the two halves in a cluster pair (S = 2): no stream-K,
-// no scratch, no settlement through L2; a tile ends with one sum in shared memory (and for S = 2 one more, of the
-// total rank 1 pushes into rank 0's shared memory).
+// no scratch, no settlement through L2; a tile ends with one sum in shared memory (and for S = 2 the totals the two
+// ranks push into each other's shared memory, each rank storing half of the tile).
 //   - an iteration is one 128-wide K block: WN x 128 weight bytes (one bulk copy, two where the tile crosses a packed
 //     block's 128 rows) and the 64 x 128 token block (tensor-map TMA, 128-byte swizzle, rows past M zero-filled;
 //     at NT = 32 only 32 rows are loaded and rows 32-63 of the MMA compute rows that are never stored);
@@ -144,9 +144,8 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     // stay aligned; after the loop the weight ring holds a warpgroup's total, the token ring the bf16 tile stored) |
     // (S = 2) [2][GH][128][4] floats: the peer's warpgroup totals of this rank's column groups (16-byte aligned:
     // the token ring is a multiple of 1 KB) | [tstages][64] token scales | [iters][2] weight scales (left / right of
-    // split) | mbarriers full_w, empty_w, full_t, empty_t, (S = 2) recv_bar
-    // (S = 2) rank 0 stores column groups [0, GA), rank 1 [GA, WN / 8); each receives the peer's two warpgroup
-    // totals of its own groups: [2 warpgroups][GH groups][128 threads][4] floats
+    // split) | mbarriers full_w, empty_w, full_t, empty_t, (S = 2) recv_bar. (S = 2) rank 0 stores column groups
+    // [0, GA), rank 1 [GA, WN / 8): the receive buffer is sized for the larger part, GH groups.
     constexpr int G8 = WN / 8, GA = G8 / 2, GH = G8 - GA;
     constexpr int RECV_BYTES = S == 2 ? 2 * GH * 2048 : 0;
     const unsigned wring = smem_u32(smem), tring = wring + stages * W_BYTES, recv = tring + tstages * TM_TOKEN_BYTES;
@@ -236,12 +235,7 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), m0 = 16 * ((tid & 127) >> 5) + (lane >> 2);  // token rows
     const unsigned tdesc = desc_sw128_lo(tring), wdesc = desc_sw128_lo(wring);
     float total[R], acc[ACCS][R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        total[r] = 0.f;
-#pragma unroll
-        for (int q = 0; q < ACCS; ++q) acc[q][r] = 0.f;
-    }
+    zero_accumulators(total, acc);
     // Warpgroup wg takes iterations wg, wg + 2, ...: weight stage j % stages (phase j / stages & 1), token stage
     // j % tstages. Both stage counts are even (the host checks): every stage is used by one warpgroup only, so the
     // parity waits below never see another warpgroup's use of the stage one phase behind (with an odd count they

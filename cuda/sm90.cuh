@@ -77,9 +77,8 @@ __device__ __forceinline__ unsigned pack_bf16x2(float x, float y) {
 #define DESC_SW128_HI ((1024u >> 4) | (1u << 30))
 __device__ __forceinline__ unsigned desc_sw128_lo(unsigned saddr) { return ((saddr & 0x3FFFF) >> 4) | (1u << 16); }
 __device__ __forceinline__ u64 desc_of(unsigned lo) { return ((u64)DESC_SW128_HI << 32) | lo; }
-__device__ __forceinline__ u64 desc_sw128(unsigned saddr) { return desc_of(desc_sw128_lo(saddr)); }
 
-// Byte offset of 16-byte chunk c of row r in such a tile (the 128-byte swizzle desc_sw128 describes).
+// Byte offset of 16-byte chunk c of row r in such a tile (the 128-byte swizzle these descriptors describe).
 __device__ __forceinline__ unsigned sw128_offset(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -91,6 +90,18 @@ template <int R>
 __device__ __forceinline__ void fence_regs(float (&d)[R]) {
 #pragma unroll
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// A consumer's FP32 total and tensor-core accumulators, zeroed (a K block's first MMA overwrites acc, but the asm
+// reads every accumulator register it names).
+template <int R, int ACCS>
+__device__ __forceinline__ void zero_accumulators(float (&total)[R], float (&acc)[ACCS][R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        total[r] = 0.f;
+#pragma unroll
+        for (int q = 0; q < ACCS; ++q) acc[q][r] = 0.f;
+    }
 }
 
 // ---- mbarriers and bulk copies (the TMA engine, 1-D: no tensor map needed for contiguous sources)

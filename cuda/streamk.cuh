@@ -12,18 +12,6 @@
 #pragma once
 #include "sm90.cuh"
 
-// A consumer's FP32 total and tensor-core accumulators, zeroed (a K block's first MMA overwrites acc, but the asm
-// reads every accumulator register it names).
-template <int R, int ACCS>
-__device__ __forceinline__ void zero_accumulators(float (&total)[R], float (&acc)[ACCS][R]) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        total[r] = 0.f;
-#pragma unroll
-        for (int q = 0; q < ACCS; ++q) acc[q][r] = 0.f;
-    }
-}
-
 // One 128-wide K block of a consumer warpgroup: acc = A[64 x 128] * B[NT x 128]^T from the swizzled shared tiles
 // whose descriptors' low words (desc_sw128_lo) are a and b, in four k32 MMAs spread over ACCS accumulators
 // (fp8_gemm_wgmma.cu says why), waited for. A k step is 32 bytes on, its low words 2 on (sm90.cuh says why that

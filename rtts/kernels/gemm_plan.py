@@ -5,8 +5,8 @@ the CPU tests check every plan the GPU would launch.
   token tile, global stream-K or thread-block-cluster split, ring stages.
 - `wgmma64_plan`: the 64-row kernel (cuda/fp8_gemm_wgmma64.cu), 17-128 tokens: token tile, CTAs per SM, weight and
   token stages, share buffers of a settling CTA.
-- `wgmma_tm_plan`: the token-major kernel (cuda/fp8_gemm_wgmma_tm.cu, an experiment), 17-64 tokens on layers that cut
-  into one whole-K (or half-K pair) tile per SM: tile width, K split, stages.
+- `wgmma_tm_plan`: the token-major kernel (cuda/fp8_gemm_wgmma_tm.cu), up to 64 tokens on layers that cut into one
+  whole-K (or half-K pair) tile per SM: tile width, K split, stages (`prefer_token_major`: where it runs).
 - `gemm_plan`: the portable mma.sync kernel (cuda/fp8_gemm.cu).
 """
 
@@ -84,8 +84,8 @@ def h_ctas_per_sm(nt: int, T: int, sms: int) -> float:
 _H_INSTANCES = tuple(f"fp8_gemm_wgmma64<{nt}>" for nt in _H_NT)
 
 
-# Token-major kernel (cuda/fp8_gemm_wgmma_tm.cu) for 17-64 tokens: tokens on the wgmma M side, tiles of up to WN weight
-# rows over all of K (S = 1) or half of it in a cluster pair (S = 2), one per SM, no stream-K.
+# Token-major kernel (cuda/fp8_gemm_wgmma_tm.cu) for up to 64 tokens: tokens on the wgmma M side, tiles of up to WN
+# weight rows over all of K (S = 1) or half of it in a cluster pair (S = 2), one per SM, no stream-K.
 _TM_NT = (32, 64)
 _TM_WN = (16, 24, 32, 40, 48)  # tile widths compiled (the planner picks among them; 64 spills at 96 registers)
 _TM_THREADS = 256 + 32  # two consumer warpgroups and a producer warp
@@ -276,10 +276,9 @@ def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, s
     of it each (S = 2, K/128 even): the S with the fewer weight bytes on the busiest CTA (ties: no split), its widest
     tile rounded up to a compiled width (_TM_WN); only splits whose tiles fill every SM, and at most _TM_MAX_ITERS K
     blocks per CTA (`split` forces S and skips both checks: tests, probes; `sms` below the GPU's gives fewer, wider
-    tiles). _TM_TOKEN_STAGES token stages (`tstages` replaces it) and as many weight stages as the rest of half an
-    SM's shared memory holds, up to _TM_MAX_STAGES (`stages` lowers them); both even, at least two. Raises
-    ValueError where nothing qualifies: the
-    caller plans another kernel."""
+    tiles). _TM_TOKEN_STAGES token stages, _TM_PAIR_TOKEN_STAGES for pairs (`tstages` replaces them), and as many
+    weight stages as the rest of half an SM's shared memory holds, up to _TM_MAX_STAGES (`stages` lowers them); both
+    even, at least two. Raises ValueError where nothing qualifies: the caller plans another kernel."""
     if not 0 < M <= _TM_NT[-1] or N % 8 or K % 128:
         raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}")
     nt = next(n for n in _TM_NT if n >= M)
