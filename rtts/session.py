@@ -245,11 +245,15 @@ class Session:
         self._backlog.clear()
         self.handle.cancel()
 
-    async def cancel(self) -> None:
-        """Drop buffered text and in-flight audio; the session ends with finish/cancelled (the extension's reply in
+    def interrupt(self) -> None:
+        """The client's cancel: drop() and end with finish/cancelled rather than stop (the extension's reply in
         PROTOCOL.md: a client that cancelled can tell the end of what it asked from a normal end)."""
         self.cancelled = True
         self.drop()
+
+    async def cancel(self) -> None:
+        """interrupt(), then stop: the session ends at once with finish/cancelled."""
+        self.interrupt()
         await self.stop()
 
     async def abort(self, message: str) -> None:

@@ -229,8 +229,7 @@ class Connection:
             # abort it (nor gets a finish of its own, which the client would take for its next session's). A cancel
             # still drops the rest of the audio (and the finish says so).
             if isinstance(ev, CancelEvent):
-                self.session.cancelled = True
-                self.session.drop()
+                self.session.interrupt()
             else:
                 log.warning("%s after 'stop' ignored (the session is finishing)", type(ev).__name__)
             return
