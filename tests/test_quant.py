@@ -100,6 +100,7 @@ def test_quantize_cli_refuses_bad_input(tmp_path: Path, golden: Path, capsys: py
 def test_gate_on_gpu_kernels(demo: tuple[Path, Path]) -> None:
     r = run_gate(*demo, device="cuda")
     assert r.passed, vars(r)
+    assert r.columns_fp8_graphs is not None  # the served way too: frame 0 and the decode steps from CUDA graphs
 
 
 def test_norm_kernels_quantize_for_the_fp8_linears(demo: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:

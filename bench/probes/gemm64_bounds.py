@@ -8,10 +8,11 @@ graph of calls, weights rotated past the L2) on the S2-Pro linears at 32 and 64 
   full without a copy), "no_mma" (no tensor-core work), both, and "no_settle" (split tiles never summed).
 
 Then ring depths the planner does not make (weight stages x token stages, beyond half an SM's shared memory too)
-at 64 tokens and grids of 1, 1.5 (the planner's, where it is) and 2 CTAs per SM.
+at 64 tokens and grids of 1, 1.5 (the planner's, where it is) and 2 CTAs per SM (`--sweep`); `--grids`: the
+non-ablation variants at 64 tokens on grids of 1-2 CTAs per SM in steps of a quarter.
 
     # on the GPU machine, from the repository root:
-    python bench/probes/gemm64_bounds.py OUT_DIR [layer names] [variant names] [--sweep]
+    python bench/probes/gemm64_bounds.py OUT_DIR [layer names] [variant names] [--sweep] [--grids]
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def main() -> None:
     layers = [g for g in S2_GEMMS if g[0] in sys.argv[2:]] or S2_GEMMS
     only = [a for a in sys.argv[2:] if a in VARIANTS]
     sweep = "--sweep" in sys.argv
+    grids = "--grids" in sys.argv
     cases = []
     for name, N, K in layers:
         R, packed = packed_weights(N, K)
@@ -81,6 +83,10 @@ def main() -> None:
         for name, N, K, R, packed, xs in cases:
             for M in ms:
                 time(f"{variant} {name} M={M}", kernels.wgmma64_plan(M, N, K, sms), R, packed, xs[M])
+            if grids and not ablation:  # grids of 1 / 1.25 / 1.5 / 1.75 / 2 CTAs per SM at 64 tokens
+                for g in sorted({sms, 5 * sms // 4, 3 * sms // 2, 7 * sms // 4, 2 * sms}):
+                    time(f"{variant} {name} M=64 grid={g}", kernels.wgmma64_plan(64, N, K, sms, grid=g), R, packed,
+                         xs[64])
     use([], ("fp8_gemm_wgmma64<64>",))
     for name, N, K, R, packed, xs in cases if sweep else []:
         base = kernels.wgmma64_plan(64, N, K, sms)

@@ -3,6 +3,8 @@
 `python -m rtts.bench gate --checkpoint BF16_DIR --fp8 FP8_DIR [--device cuda]` (or `--make-demo OUT` first, which
 writes a small S2-format model whose logits are far from flat, plus its FP8 copy). Passes when the first `--frames`
 frames (every codebook) are token-identical and the relative error of the main-token logits stays under `--bound`.
+On CUDA the FP8 frames are also decoded the way the server decodes them, replayed from CUDA graphs, and must match
+too.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 import torch
 
 from rtts.engine.engine import Engine
+from rtts.engine.graphs import DecodeRunner, FrameZeroRunner
 from rtts.model.codec import random_codec_state_dict
 from rtts.model.loading import LoadedModel, load_model
 from rtts.model.prompt import PromptBuilder
@@ -84,13 +87,25 @@ class GateResult:
     passed: bool
     columns_bf16: list[list[int]]
     columns_fp8: list[list[int]]
+    # CUDA only: the FP8 model's frames replayed from the serving path's CUDA graphs (None elsewhere); the gate then
+    # also needs them token-identical to the eager FP8 frames
+    columns_fp8_graphs: list[list[int]] | None = None
 
 
-def greedy_frames(lm: LoadedModel, frames: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Teacher-free greedy decode of `frames` frames -> (columns [rows, frames], main logits per frame)."""
+def greedy_frames(lm: LoadedModel, frames: int, graphs: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Teacher-free greedy decode of `frames` frames -> (columns [rows, frames], main logits per frame).
+
+    graphs=True (CUDA): as the server runs it, frame 0 and every decode step replayed from the CUDA graphs the
+    scheduler captures (graphs.FrameZeroRunner, graphs.DecodeRunner); the logits are then not traced (empty list)."""
     engine = Engine(lm, max_slots=1, max_ctx=512)
     logits: list[torch.Tensor] = []
-    engine.trace = lambda name, t: logits.append(t[0].float().cpu()) if name == "slow_logits" else None
+    runner = None
+    if graphs:
+        FrameZeroRunner(engine, use_graphs=True).capture()
+        runner = DecodeRunner(engine, use_graphs=True)
+        runner.capture()
+    else:
+        engine.trace = lambda name, t: logits.append(t[0].float().cpu()) if name == "slow_logits" else None
     builder = PromptBuilder(lm.tokenizer, lm.config.num_codebooks, lm.config.format, lm.config.codebook_size)
     engine.reset_slot(0)
     engine.set_params(0, SamplingParams(temperature=1.0, top_p=1.0, top_k=1, max_frames=frames + 1))
@@ -99,8 +114,12 @@ def greedy_frames(lm: LoadedModel, frames: int) -> tuple[torch.Tensor, list[torc
     assert first is not None
     cols = [first]
     for _ in range(frames - 1):
-        c, _ = engine.decode([0])
-        cols.append(c[0])
+        if runner is None:
+            c, _ = engine.decode([0])
+        else:  # the decode thread's call: kv_len bounds the slot's context plus the position fed now
+            c, _ = runner.step([0], engine.host_pos[0] + 1)
+            engine.host_pos[0] += 1
+        cols.append(c[0].clone())
     return torch.stack([c.cpu() for c in cols], 1), logits[:frames]
 
 
@@ -111,13 +130,15 @@ def run_gate(bf16_dir: str | Path, fp8_dir: str | Path, device: str = "cpu", fra
     with torch.inference_mode():
         c_ref, l_ref = greedy_frames(ref, frames)
         c_q, l_q = greedy_frames(q, frames)
+        c_g = greedy_frames(q, frames, graphs=True)[0] if torch.device(device).type == "cuda" else None
     equal = 0
     for f in range(frames):
-        if not torch.equal(c_ref[:, f], c_q[:, f]):
+        if not torch.equal(c_ref[:, f], c_q[:, f]) or (c_g is not None and not torch.equal(c_ref[:, f], c_g[:, f])):
             break
         equal += 1
     rel = max(float((a - b).abs().max() / a.abs().max()) for a, b in zip(l_ref, l_q))
-    return GateResult(frames, equal, rel, equal == frames and rel < bound, c_ref.T.tolist(), c_q.T.tolist())
+    return GateResult(frames, equal, rel, equal == frames and rel < bound, c_ref.T.tolist(), c_q.T.tolist(),
+                      None if c_g is None else c_g.T.tolist())
 
 
 def main(argv: list[str] | None = None) -> None:

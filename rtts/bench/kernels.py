@@ -250,6 +250,10 @@ def bench_layer_ops(B: int, dim: int = 2560, H: int = 32, KV: int = 8, D: int = 
     top_k = torch.full((B,), 30, device=dev)
     seeds, counters, ids = torch.arange(B, device=dev), torch.zeros(B, dtype=torch.int64, device=dev), \
         torch.arange(n_main, device=dev)
+    # the repetition window as the engine keeps it: [slots, 10, 1] int32, one more slot than rows (the scratch slot)
+    win, slots = torch.randint(0, n_main, (B + 1, 10, 1), device=dev, dtype=torch.int32), rows.clone()
+    newest, active = torch.randint(0, n_main, (B, 1), device=dev, dtype=torch.int32), torch.ones(B, dtype=torch.bool,
+                                                                                                  device=dev)
     ops: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
         "rmsnorm": (lambda: norm_rope.rmsnorm(x, w, 1e-6), lambda: ref.rmsnorm(x, w, 1e-6)),
         "add_rmsnorm": (lambda: norm_rope.add_rmsnorm(x, r, w, 1e-6), lambda: ref.add_rmsnorm(x, r, w, 1e-6)),
@@ -262,6 +266,8 @@ def bench_layer_ops(B: int, dim: int = 2560, H: int = 32, KV: int = 8, D: int = 
         "sample": (lambda: draw.sample(logits, temp, top_p, top_k, seeds, counters, 2, ids),
                    lambda: ref.exponential_race(ref.filtered_probs(logits, temp, top_p, top_k), seeds, counters, 2,
                                                 ids)),
+        "token_window": (lambda: kernels.token_window_shift(win, slots, newest, active),
+                         lambda: ref.token_window_shift(win, slots, newest, active)),
     }
     out: dict[str, float] = {}
     for name, (ours, torch_ops) in ops.items():
@@ -409,15 +415,16 @@ def main(argv: list[str] | None = None) -> None:
     rows += ["", "## Decode-step layer ops (S2-Pro slow shapes, one token per stream; kernel vs the torch ops it "
              "replaces, us per call)", "",
              "| batch | rmsnorm | torch | add+rmsnorm | torch | rmsnorm+quantize | rmsnorm kernel, then quantize "
-             "| qk-norm+rope+kv store | torch | race (4097 ids) | torch | top-p/top-k + race (4097) | torch |",
-             "|---" * 13 + "|"]
+             "| qk-norm+rope+kv store | torch | race (4097 ids) | torch | top-p/top-k + race (4097) | torch "
+             "| token window shift (10 x 1) | torch |",
+             "|---" * 15 + "|"]
     layer = []
     for B in (1, 16, 64) if "layer" in sections else ():
         r = bench_layer_ops(B)
         layer.append({"B": B, **r})
         rows.append(f"| {B} | " + " | ".join(f"{r[f'{n}_us']:.1f} | {r[f'{n}_torch_us']:.1f}" for n in
                                              ("rmsnorm", "add_rmsnorm", "rmsnorm_quant", "qkv_rope_store",
-                                              "exponential_race", "sample")) + " |")
+                                              "exponential_race", "sample", "token_window")) + " |")
         print(rows[-1], flush=True)
     rows += ["", "## FP8 prefill linears (M rows over one decode GEMM launch: the weight dequantized to bf16, one "
              "dense GEMM; vs bf16 weights and vs 128-token slices of the decode GEMM)", "",
