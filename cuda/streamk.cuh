@@ -8,7 +8,9 @@
 // iterations in tile-major order. A tile shared by several CTAs is summed by the one holding its first K block (always
 // that CTA's last segment), in CTA order (the same bits on every launch): the others park their FP32 shares in slot c
 // of a per-stream workspace (only a CTA's first segment can start inside a tile, so a share summed by another CTA is
-// always its first tile's, and each CTA parks at most one) and count themselves in with a release add.
+// always its first tile's, and each CTA parks at most one) and count themselves in with a release add: on the tile's
+// counter (128-row kernel), or on their own flag, counters[c], which the 64-row kernel's settling CTA polls share by
+// share.
 #pragma once
 #include "sm90.cuh"
 

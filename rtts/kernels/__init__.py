@@ -144,9 +144,9 @@ def _use_wgmma(device: torch.device) -> bool:
 
 @dataclasses.dataclass
 class _StreamK:
-    """Split scratch of one stream: the FP8 GEMM's FP32 partials (one tile slot per CTA) and per-tile arrival
-    counters, and decode attention's per-(stream, KV head) counts of finished splits; the kernels reset their
-    counters themselves. Kept per stream because kernels on one stream run in order, while the prefill and
+    """Split scratch of one stream: the FP8 GEMM's FP32 partials (one tile slot per CTA) and its counters (per-tile
+    arrival counts of the 128-row kernel, per-CTA share flags of the 64-row one), and decode attention's
+    per-(stream, KV head) counts of finished splits; the kernels reset their counters themselves. Kept per stream because kernels on one stream run in order, while the prefill and
     decode threads run GEMMs concurrently on their own streams. Allocated once, never resized, so pointers baked
     into captured CUDA graphs stay valid. Graph captures use one scratch per device, apart from every stream's eager
     one (allocated by warmup, before any capture): torch hands out pooled stream handles round-robin, so a stream
