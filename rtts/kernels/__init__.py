@@ -145,15 +145,15 @@ def _use_wgmma(device: torch.device) -> bool:
 @dataclasses.dataclass
 class _StreamK:
     """Split scratch of one stream: the FP8 GEMM's FP32 partials (one tile slot per CTA) and its counters (per-tile
-    arrival counts of the 128-row kernel, per-CTA share flags of the 64-row one), and decode attention's
-    per-(stream, KV head) counts of finished splits; the kernels reset their counters themselves. Kept per stream because kernels on one stream run in order, while the prefill and
-    decode threads run GEMMs concurrently on their own streams. Allocated once, never resized, so pointers baked
-    into captured CUDA graphs stay valid. Graph captures use one scratch per device, apart from every stream's eager
-    one (allocated by warmup, before any capture): torch hands out pooled stream handles round-robin, so a stream
-    made later (e.g. the prefill thread's) can share the handle a decode graph was captured on, and its eager GEMMs
-    would otherwise run concurrently with the graph's replays on one scratch. Captured graphs therefore share one
-    per family (graph_scratch): replay a family's graphs one at a time (the decode thread's steps are one family,
-    the prefill thread's frame-0 graphs another, and the two threads replay concurrently)."""
+    arrival counts of the 128-row kernel, per-CTA share flags of the 64-row one), and decode attention's per-(stream, KV
+    head) counts of finished splits; the kernels reset their counters themselves. Kept per stream because kernels on one
+    stream run in order, while the prefill and decode threads run GEMMs concurrently on their own streams. Allocated
+    once, never resized, so pointers baked into captured CUDA graphs stay valid. Graph captures use one scratch per
+    device, apart from every stream's eager one (allocated by warmup, before any capture): torch hands out pooled stream
+    handles round-robin, so a stream made later (e.g. the prefill thread's) can share the handle a decode graph was
+    captured on, and its eager GEMMs would otherwise run concurrently with the graph's replays on one scratch. Captured
+    graphs therefore share one per family (graph_scratch): replay a family's graphs one at a time (the decode thread's
+    steps are one family, the prefill thread's frame-0 graphs another, and the two threads replay concurrently)."""
 
     partials: torch.Tensor
     counters: torch.Tensor
