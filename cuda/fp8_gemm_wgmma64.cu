@@ -51,6 +51,29 @@ __device__ __forceinline__ const fp8_t* half_block(const fp8_t* wp, int h, int k
     return wp + ((i64)(h >> 1) * KB + kb) * (2 * H_BYTES) + (h & 1) * H_BYTES;
 }
 
+// A settled tile to y[M, N] as bf16 through shared memory (`stage`: NT x 128 bytes, 16-byte aligned): the
+// accumulator layout gives a thread single values of four token rows (store_tile writes them as 2-byte pieces), so
+// they are staged as [token][64 rows] bf16, their 16-byte chunks XOR-swizzled by token row (the four token rows a
+// warp writes at once then hit different banks), and copied out in 16-byte chunks of whole token rows. Rows past M
+// are dropped; the 64-row kernel's N is a multiple of 64, so every column is in range.
+template <int NT>
+__device__ __forceinline__ void store_tile_staged(const float (&v)[NT / 2], unsigned char* stage,
+                                                  bf16_t* __restrict__ y, int row0, int M, int N) {
+    const int t = threadIdx.x, lane = t & 31;
+#pragma unroll
+    for (int r = 0; r < NT / 2; ++r) {
+        const int n = 16 * (t >> 5) + (lane >> 2) + 8 * ((r & 3) >> 1);  // row of the tile
+        const int m = 8 * (r >> 2) + 2 * (lane & 3) + (r & 1);            // token
+        *reinterpret_cast<bf16_t*>(stage + m * 128 + (((n >> 3) ^ (m & 7)) << 4) + (n & 7) * 2) = float_to_bf16(v[r]);
+    }
+    named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);
+    for (int q = t; q < M * 8; q += H_CONSUMERS) {
+        const int m = q >> 3, c = q & 7;
+        *reinterpret_cast<uint4*>(y + (i64)m * N + row0 + 8 * c) =
+            *reinterpret_cast<const uint4*>(stage + m * 128 + ((c ^ (m & 7)) << 4));
+    }
+}
+
 // xmap: tensor map over x fp8 [M, K] (box 128 x NT rows, 128-byte swizzle, kernels.launch_wgmma). Two rings:
 // `stages` weight stages (8 KB each) and `tstages` token stages (NT x 128 tokens and their NT scales).
 template <int NT>
@@ -240,6 +263,7 @@ __global__ void __launch_bounds__(H_THREADS, 2)
                 for (int r = 0; r < R; ++r) total[r] += buf[k * (H_ROWS * NT) + r * H_CONSUMERS + tid];
             }
         }
-        store_tile<NT>(total, y, settle * H_ROWS, M, N);
+        named_barrier(H_BAR_CONSUMERS, H_CONSUMERS);  // every share read before the ring region stages the tile
+        store_tile_staged<NT>(total, smem, y, settle * H_ROWS, M, N);
     }
 }

@@ -235,8 +235,9 @@ def unit_owner(u: int, T: int, C: int) -> int:
 
 def test_wgmma64_plan_fits_two_ctas_per_sm() -> None:
     """The 64-row kernel's plans: a token tile holding M, global stream-K over 1, 1.5 or 2 CTAs per SM by layer length
-    and token tile (1.5 at 32 tokens where 64 take 1; at 128, 1 where 64 take 1.5), and shared memory that leaves room
-    for a second CTA (the next GEMM's, or the layer's own) on every SM."""
+    and token tile (1.5 at 32 tokens where 64 take 1; at 128, 1 where 64 take 1.5), trimmed to the largest grid of
+    as many iterations per CTA whose settlement reads its shares in the fewest rounds, and shared memory that leaves
+    room for a second CTA (the next GEMM's, or the layer's own) on every SM."""
     for M in (17, 32, 33, 64, 65, 100, 128):
         for N, K in ((2560, 9728), (19456, 2560), (6144, 2560), (2560, 4096), (128, 128), (384, 1280)):
             p = kernels.wgmma64_plan(M, N, K, sms=132)
@@ -244,12 +245,18 @@ def test_wgmma64_plan_fits_two_ctas_per_sm() -> None:
             assert p.rows == 64 and p.cluster == 1 and p.nt in (32, 64, 128) and p.nt >= M > p.nt // 2
             per_sm = 2 if T >= 20 * 132 else 1.5 if T >= 12 * 132 else 1
             per_sm = 1.5 if p.nt == 32 and per_sm == 1 else 1 if p.nt == 128 and per_sm == 1.5 else per_sm
-            assert p.grid == min(T, int(per_sm * 132))
-            assert p.iters == math.ceil(T / p.grid)
+            base = min(T, int(per_sm * 132))
+            assert p.iters == math.ceil(T / p.grid) == math.ceil(T / base)  # no CTA streams more than at `base`
+            # ... and of those grids (not below the SM count) the largest settling in the fewest rounds
+            same = range(base, max(math.ceil(T / p.iters), min(base, 132)) - 1, -1)
+            KB = K // 128
+            rounds = {g: math.ceil(max(unit_owner(t * KB + KB - 1, T, g) - unit_owner(t * KB, T, g)
+                                       for t in range(N // 64)) / p.slots) for g in same}
+            assert rounds[p.grid] == min(rounds.values()) and all(rounds[g] > rounds[p.grid] for g in same
+                                                                     if g > p.grid)
             assert p.stages == 4 and p.tstages in (3, 4)
             assert p.smem == kernels.wgmma64_smem_bytes(p.nt, p.stages, p.tstages, p.iters, p.slots)
             # A settling CTA's share buffers: at least one, never more than the other shares it can have to read.
-            KB = K // 128
             sharers = max(unit_owner(t * KB + KB - 1, T, p.grid) - unit_owner(t * KB, T, p.grid) + 1
                           for t in range(N // 64))
             assert sharers - 1 <= math.ceil((KB - 1) / max(1, p.iters - 1))  # the planner's bound
@@ -262,6 +269,8 @@ def test_wgmma64_plan_fits_two_ctas_per_sm() -> None:
     with pytest.raises(ValueError):  # so many iterations per CTA that not one weight stage fits beside their scales
         kernels.wgmma64_plan(64, 1 << 16, 1 << 16, sms=2)
     assert kernels.wgmma64_plan(64, 19456, 2560, sms=132, grid=132).grid == 132  # probes override the CTA count
+    # w2 at 64 tokens: 260 CTAs of 12 iterations settle each tile's 6 other shares in one round (264 had 7 in 6 slots)
+    assert kernels.wgmma64_plan(64, 2560, 9728, sms=132).grid == 260
 
 
 @pytest.mark.parametrize("name,unset,cases,bad", [

@@ -9,7 +9,7 @@ graph of calls, weights rotated past the L2) on the S2-Pro linears at 32 and 64 
 
 Then ring depths the planner does not make (weight stages x token stages, beyond half an SM's shared memory too)
 at 64 tokens and grids of 1, 1.5 (the planner's, where it is) and 2 CTAs per SM (`--sweep`); `--grids`: the
-non-ablation variants at 64 tokens on grids of 1-2 CTAs per SM in steps of a quarter.
+non-ablation variants at 64 tokens on grids of 1-2 CTAs per SM in steps of a quarter (`--grids=G1,G2,...`: those).
 
     # on the GPU machine, from the repository root:
     python bench/probes/gemm64_bounds.py OUT_DIR [layer names] [variant names] [--sweep] [--grids]
@@ -41,6 +41,9 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     "no_mma": [NO_MMA],
     "wt_once_no_mma": [W_ONCE, T_ONCE, NO_MMA],
     "no_settle": [("    if (settle >= 0) {", "    if (settle >= 0 && M < 0) {")],
+    # a settled tile written straight from registers in 2-byte pieces (before session 15) instead of staged
+    "direct_store": [("        store_tile_staged<NT>(total, smem, y, settle * H_ROWS, M, N);",
+                      "        store_tile<NT>(total, y, settle * H_ROWS, M, N);")],
 }
 ORIGINAL = _jit.source
 
@@ -61,7 +64,8 @@ def main() -> None:
     layers = [g for g in S2_GEMMS if g[0] in sys.argv[2:]] or S2_GEMMS
     only = [a for a in sys.argv[2:] if a in VARIANTS]
     sweep = "--sweep" in sys.argv
-    grids = "--grids" in sys.argv
+    grids = "--grids" in sys.argv or any(a.startswith("--grids=") for a in sys.argv)
+    grid_list = [int(g) for a in sys.argv if a.startswith("--grids=") for g in a[len("--grids="):].split(",")]
     cases = []
     for name, N, K in layers:
         R, packed = packed_weights(N, K)
@@ -75,7 +79,7 @@ def main() -> None:
         print(f"{key}: {us:.2f} us  {plan}", flush=True)
 
     for variant, edits in VARIANTS.items():
-        ablation = variant not in ("base", "acc_old", "acc1")
+        ablation = variant not in ("base", "acc_old", "acc1", "direct_store")
         if only and variant not in only:
             continue
         ms = (64,) if ablation else (32, 64)
@@ -83,8 +87,8 @@ def main() -> None:
         for name, N, K, R, packed, xs in cases:
             for M in ms:
                 time(f"{variant} {name} M={M}", kernels.wgmma64_plan(M, N, K, sms), R, packed, xs[M])
-            if grids and not ablation:  # grids of 1 / 1.25 / 1.5 / 1.75 / 2 CTAs per SM at 64 tokens
-                for g in sorted({sms, 5 * sms // 4, 3 * sms // 2, 7 * sms // 4, 2 * sms}):
+            if grids and not ablation:  # grids of 1 / 1.25 / 1.5 / 1.75 / 2 CTAs per SM at 64 tokens, or as listed
+                for g in grid_list or sorted({sms, 5 * sms // 4, 3 * sms // 2, 7 * sms // 4, 2 * sms}):
                     time(f"{variant} {name} M=64 grid={g}", kernels.wgmma64_plan(64, N, K, sms, grid=g), R, packed,
                          xs[64])
     use([], ("fp8_gemm_wgmma64<64>",))

@@ -167,6 +167,11 @@ def main() -> None:
                         row.update(entry_quartiles=[round(entry[int(q * (grid - 1))], 2) for q in (0, .25, .5, .75, 1)])
                         row.update(slowest=slow, settlers=len(spins),
                                    spin_done_median=round(statistics.median(spins), 2) if spins else None)
+                        # every CTA of launch 3 in block order: entry, wait returned, last block landed, spin done
+                        # (-1: not settling), exit (us after launch 2's last exit)
+                        order = sorted(range(grid), key=lambda i: int(tr[3, i, 6]))
+                        row.update(per_cta=[[round(float(us[3, i, c] - prev), 2) if c != 5 or tr[3, i, 5] > 0
+                                             else -1 for c in (0, 3, 4, 5, 2)] for i in order])
                     out[key] = row
                     print(f"  {key}: {row}", flush=True)
     os.environ["RTTS_NO_PDL"] = ""

@@ -227,19 +227,37 @@ def wgmma64_smem_bytes(nt: int, stages: int, tstages: int, iters: int, slots: in
     return 1024 + region + tstages * nt * 4 + 4 * iters + 16 * (stages + tstages) + 16
 
 
+def settle_batches(N: int, K: int, grid: int, slots: int) -> int:
+    """Rounds in which the settling CTAs of a 64-row plan over `grid` CTAs copy the other shares of their tiles, `slots`
+    at a time: the most other sharers any tile has (the kernel's unit_owner split), over `slots`, rounded up."""
+    KB = K // 128
+    T = N // _H_ROWS * KB
+
+    def owner(u: int) -> int:
+        return ((u + 1) * grid + T - 1) // T - 1
+
+    most = max(owner(t * KB + KB - 1) - owner(t * KB) for t in range(N // _H_ROWS))
+    return -(-most // slots)
+
+
 @functools.cache
 def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, grid: int | None = None) -> WgmmaPlan:
     """The 64-row kernel's plan for 17-128 tokens: the smallest token tile of _H_NT holding M; global stream-K of the T
-    = N/64 * K/128 half-block iterations over min(T, sms) CTAs, so a second CTA (the next GEMM's, under PDL) is resident
-    beside each, or 1.5 / 2 per SM for layers of _H_MID_ITERS / _H_LONG_ITERS or more iterations per SM, no 1 at 32
-    tokens and no 1.5 at 128 (h_ctas_per_sm); _H_TOKEN_STAGES token stages (3 at 128 tokens) and up to _H_MAX_STAGES
-    weight stages, within half an SM's shared memory; `stages` lowers the weight stages; `grid` replaces the planner's
-    CTA count (probes). Raises ValueError where not even one weight stage fits (huge layers on few SMs): the caller
-    plans the 128-row kernel."""
+    = N/64 * K/128 half-block iterations over about min(T, sms) CTAs, so a second CTA (the next GEMM's, under PDL) is
+    resident beside each, or 1.5 / 2 per SM for layers of _H_MID_ITERS / _H_LONG_ITERS or more iterations per SM, no 1
+    at 32 tokens and no 1.5 at 128 (h_ctas_per_sm); _H_TOKEN_STAGES token stages (3 at 128 tokens) and up to
+    _H_MAX_STAGES weight stages, within half an SM's shared memory; `stages` lowers the weight stages; `grid` replaces
+    the planner's CTA count (probes). Of the grids down to the fewest CTAs with the same most iterations per CTA (and
+    not below the SM count), the largest whose settling CTAs copy their tiles' other shares in the fewest rounds
+    (settle_batches): each round is a dependent L2 round trip at the very end of the GEMM, while the next one streams.
+    Measured on the H200 (session 15, bench/probes/gemm64_bounds.py --grids): w2 at 64 tokens, 7 other shares in 6 slots
+    on 256-264 CTAs (two rounds) 11.9-12.0 us, on 260 or 236-250 CTAs (one) 11.0-11.1. Raises ValueError where not even
+    one weight stage fits (huge layers on few SMs): the caller plans the 128-row kernel."""
     if M > _H_NT[-1] or N % _H_ROWS or K % 128:
         raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K}")
     nt = next(n for n in _H_NT if n >= M)
     T = N // _H_ROWS * (K // 128)
+    forced = grid is not None
     grid = min(T, int(h_ctas_per_sm(nt, T, sms) * sms) if grid is None else grid)
     iters = -(-T // grid)
     ts = _H_TOKEN_STAGES if nt <= 64 else _H_TOKEN_STAGES - 1
@@ -255,6 +273,11 @@ def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, gr
     others = -(-(K // 128 - 1) // max(1, iters - 1))
     ring = st * _H_BYTES + ts * nt * 128
     slots = max(1, min(others, (_SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, st, ts, iters) + ring) // share))
+    if not forced:  # every grid in range(-(-T // iters), grid + 1) has the same `iters`, hence the same slots; none
+        # goes below the SM count (measured, session 12: grids short of it leave SMs to the next GEMM's CTAs, which
+        # then land two to an SM)
+        low = max(-(-T // iters), min(grid, sms))
+        grid = min(range(grid, low - 1, -1), key=lambda g: settle_batches(N, K, g, slots))
     return WgmmaPlan(nt, st, grid, wgmma64_smem_bytes(nt, st, ts, iters, slots), 1, iters, _H_ROWS, ts, slots)
 
 
