@@ -61,6 +61,7 @@ def assert_idle(sch: Scheduler) -> None:
     wait_for(lambda: sch.slots.free == sch.engine.max_slots)
     wait_for(lambda: not sch.decode.running and not sch.prefill.pending and not sch.codec_worker.pending)
     assert sch.active_streams == 0
+    assert sch.releasing == 0  # every closed stream's slot came back (the live endpoint waits on this count)
 
 
 class FakeSetup:
@@ -114,6 +115,7 @@ def test_admission_limit_and_slot_reuse(fake: tuple[FakeSetup, Scheduler]) -> No
         sch.open()
     handles[2].close()
     wait_for(lambda: sch.slots.free == 1)
+    assert sch.releasing == 0
     h = sch.open()
     _, end = drain(h.speak("reused slot", params(5)))
     assert end.ok
@@ -497,3 +499,22 @@ def test_codec_stage_decodes_a_slots_turns_and_resets_in_order(tiny_codec: Codec
     for a, b in zip(got, want):
         assert a.shape == b.shape and np.abs(a - b).max() < 1e-4
     assert not worker.pending and not worker.deferred_resets
+
+
+def test_slot_allocator_counts_slots_on_their_way_back() -> None:
+    """A closed stream's slot is counted as pending from the close until the decode thread releases it: what
+    Runtime.open_stream waits on instead of taking back more idle streams."""
+    from rtts.pingpong.slots import SlotAllocator
+
+    slots = SlotAllocator(2)
+    a, _ = slots.acquire()
+    b, _ = slots.acquire()
+    with pytest.raises(NoSlotError):
+        slots.acquire()
+    slots.closing()
+    slots.closing()
+    assert slots.pending == 2 and slots.free == 0
+    slots.release(a, None)
+    assert slots.pending == 1 and slots.free == 1
+    slots.release(b, None)
+    assert slots.pending == 0 and slots.free == 2

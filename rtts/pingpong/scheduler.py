@@ -132,6 +132,7 @@ class Scheduler:
             stream.closed = True
         with self._lock:
             self.streams.pop(stream.id, None)
+        self.slots.closing()
         # Through the prefill thread first: it drops the stream's prompt work, then the decode thread frees the slot.
         self.prefill.inbox.put(Release(stream))
 
@@ -139,6 +140,11 @@ class Scheduler:
     def active_streams(self) -> int:
         with self._lock:
             return len(self.streams)
+
+    @property
+    def releasing(self) -> int:
+        """Slots of closed streams not yet free again (the decode thread frees one once no step in flight uses it)."""
+        return self.slots.pending
 
 
 class StreamHandle:

@@ -20,6 +20,7 @@ class SlotAllocator:
         self.n = n
         self._free: deque[int] = deque(range(n))
         self._events: dict[int, torch.cuda.Event | None] = {}
+        self._closing = 0  # slots of closed streams not yet released (see closing())
         self._lock = threading.Lock()
 
     def acquire(self) -> tuple[int, torch.cuda.Event | None]:
@@ -29,13 +30,26 @@ class SlotAllocator:
             slot = self._free.popleft()
             return slot, self._events.pop(slot, None)
 
+    def closing(self) -> None:
+        """A stream holding a slot was closed: its slot comes back (release) once the threads are done with it."""
+        with self._lock:
+            self._closing += 1
+
     def release(self, slot: int, event: torch.cuda.Event | None) -> None:
         with self._lock:
             assert slot not in self._free, f"slot {slot} released twice"
             self._events[slot] = event
             self._free.append(slot)
+            self._closing = max(0, self._closing - 1)
 
     @property
     def free(self) -> int:
         with self._lock:
             return len(self._free)
+
+    @property
+    def pending(self) -> int:
+        """Slots of closed streams on their way back: a caller at capacity can wait for one instead of closing
+        another stream."""
+        with self._lock:
+            return self._closing

@@ -29,7 +29,6 @@ log = logging.getLogger("rtts.server")
 
 
 SLOT_WAIT = 2.0  # seconds a new session waits for a slot at capacity (Runtime.open_stream)
-RECLAIM_AFTER = 0.1  # seconds at capacity before it takes back an idle socket's stream (and between two)
 
 
 @dataclass(frozen=True)
@@ -122,21 +121,18 @@ class Runtime:
         barge-in's close before its reconnect) is freed asynchronously, once no decode step in flight uses it:
         without the wait the very next open is refused at capacity. NoSlotError after that."""
         t0 = time.monotonic()
-        next_reclaim = t0 + RECLAIM_AFTER
         while True:
             try:
                 return self.scheduler.open(references)
             except NoSlotError:
-                now = time.monotonic()
-                # Only once a slot given back just before (this socket's own, at a voice change) had time to come
-                # free, and then one stream per RECLAIM_AFTER: a slot frees asynchronously, so taking one at every
-                # retry would take several for one session.
-                if self._idle and now >= next_reclaim:
+                # Take back an idle stream only while no closed stream's slot is on its way back (this socket's
+                # own at a voice change, one taken back just before): that slot is this session's to wait for, and
+                # however late it frees (a long decode step), one session takes back at most one stream.
+                if self._idle and self.scheduler.releasing == 0:
                     _, reclaim = self._idle.popitem(last=False)
                     reclaim()
-                    next_reclaim = now + RECLAIM_AFTER
                     log.info("took back an idle socket's stream for a new session")
-                elif now - t0 >= SLOT_WAIT:
+                elif time.monotonic() - t0 >= SLOT_WAIT:
                     raise
                 await asyncio.sleep(0.01)
 
