@@ -722,6 +722,14 @@ def test_attention_splits_are_bounded() -> None:
     assert 2 * kernels._ATT_MAX_SPLITS * 8 * 4 <= kernels.attention_smem_bytes(64)
 
 
+def test_attention_splits_on_the_h200_shapes() -> None:
+    """S2-Pro's 8 KV heads on 132 SMs: the split counts that measured fastest (bench/probes/attention_variants.py,
+    session 15): one wave, 64-key tiles at 512 keys and two per split at 2048 for one stream (merging 32 splits cost
+    more than streaming a second tile), two splits from 16 streams, none from 64."""
+    picks = {(B, L): kernels.attention_splits(B, 8, L, 132)[0] for B in (1, 16, 64) for L in (512, 2048)}
+    assert picks == {(1, 512): 8, (1, 2048): 16, (16, 512): 2, (16, 2048): 2, (64, 512): 1, (64, 2048): 1}
+
+
 @GPU
 def test_token_window_kernel() -> None:
     buf = torch.randint(0, 1000, (9, 10, 1), dtype=torch.int32, device="cuda")

@@ -4,6 +4,9 @@ last split, or a second launch). Patched in memory (the repository file is untou
 matches fails loudly), with the host constants the variant implies set alike.
 
     python bench/probes/attention_variants.py [variant ...]    # on the GPU machine, from the repository root
+
+Variants: those in VARIANTS, and "sN" (N splits per stream and KV head, at most one per 64-key tile; merged where
+kernels.attention_fuses says) or "sN-fused" / "sN-launched".
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class Variant:
     fuse: bool | None = None  # None: the wrapper's choice (kernels.attention_fuses)
     stages: int = 2  # kernels._ATT_STAGES
     ctas_per_sm: int = 2  # kernels._ATT_CTAS_PER_SM
+    splits: int | None = None  # None: kernels.attention_splits' choice; else this many (at most one per 64-key tile)
 
 
 VARIANTS: dict[str, Variant] = {
@@ -56,6 +60,22 @@ def patched(edits: list[tuple[str, str]]):  # type: ignore[no-untyped-def]
     return source
 
 
+def forced_splits(n: int):  # type: ignore[no-untyped-def]
+    """An attention_splits stand-in: n splits of whole 64-key tiles (fewer where the cache has fewer tiles)."""
+    def rule(B: int, n_kv: int, L: int, sms: int = 0) -> tuple[int, int]:
+        chunk = 64 * -(-(-(-L // 64)) // n)
+        return -(-L // chunk), chunk
+    return rule
+
+
+def variant(name: str) -> Variant:
+    """A named variant, or "sN" / "sN-fused" / "sN-launched": N splits (capped at one per 64-key tile)."""
+    if name in VARIANTS:
+        return VARIANTS[name]
+    n, _, merge = name[1:].partition("-")
+    return Variant(splits=int(n), fuse={"": None, "fused": True, "launched": False}[merge])
+
+
 def main() -> None:
     dev = torch.device("cuda")
     names = sys.argv[1:] or list(VARIANTS)
@@ -71,10 +91,12 @@ def main() -> None:
                       copies_for(kv_bytes)))
     res: dict[str, dict[str, float]] = {}
     saved = kernels.attention_fuses, kernels._ATT_STAGES, kernels._ATT_CTAS_PER_SM
+    split_rule = kernels.attention_splits
     for name in names:
-        v = VARIANTS[name]
+        v = variant(name)
         kernels.attention_fuses = saved[0] if v.fuse is None else (  # type: ignore[assignment]
             lambda B, n_kv, S, sms=0, fuse=v.fuse: fuse)
+        kernels.attention_splits = split_rule if v.splits is None else forced_splits(v.splits)  # type: ignore
         kernels._ATT_STAGES, kernels._ATT_CTAS_PER_SM = v.stages, v.ctas_per_sm
         _jit.source = patched(v.edits)  # type: ignore[assignment]
         _jit._module.cache_clear()
@@ -94,6 +116,7 @@ def main() -> None:
 
             res.setdefault(f"{B}x{L}", {})[name] = 1e6 * time_graph(_calls(call, reps))
     kernels.attention_fuses, kernels._ATT_STAGES, kernels._ATT_CTAS_PER_SM = saved  # type: ignore[assignment]
+    kernels.attention_splits = split_rule  # type: ignore[assignment]
     print("| batch x context | " + " | ".join(names) + " |")
     print("|---" * (len(names) + 1) + "|")
     for k, row in res.items():

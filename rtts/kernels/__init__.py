@@ -525,19 +525,23 @@ _ATT_CTAS_PER_SM = 2  # 64 KB of K/V tiles each (head dim 128); the kernels' lau
 _ATT_MAX_SPLITS = 256
 # The last split merges (no second launch) from this many splits, when the grid is one wave (attention_fuses).
 _ATT_FUSE_MIN_SPLITS = 4
+# What each split adds to the merge, in 64-key tiles of one CTA's stream (attention_splits). Fitted to the H200
+# (session 15, bench/probes/attention_variants.py with forced splits, head dim 128, G = 4): 1 x 2048 keys took 9.5 /
+# 8.4 / 9.2 us at 8 / 16 / 32 splits (the planner had picked 32), 1 x 512 6.5 / 8.0 at 8 / 4 splits.
+_ATT_MERGE_TILES_PER_SPLIT = 0.125
 
 
 def attention_splits(B: int, n_kv: int, L: int, sms: int = _SMS) -> tuple[int, int]:
     """(splits, keys per split) for a cache of L positions. CTAs run in waves of `_ATT_CTAS_PER_SM` per SM, so a
     split count that leaves the last wave nearly empty costs a whole wave: pick the split minimizing
-    waves x (64-key tiles per CTA + a fixed cost of about two tiles for the pipeline fill and the merge), with at
-    most _ATT_MAX_SPLITS splits."""
+    waves x (64-key tiles per CTA + a fixed cost of about two tiles for the pipeline fill and the merge) plus the
+    merge's reading of every split (_ATT_MERGE_TILES_PER_SPLIT each), with at most _ATT_MAX_SPLITS splits."""
     slots = sms * _ATT_CTAS_PER_SM
     best: tuple[float, int, int] | None = None
     for want in range(1, min(_ATT_MAX_SPLITS, max(1, math.ceil(L / _ATT_TILE))) + 1):
         chunk = math.ceil(math.ceil(L / want) / _ATT_TILE) * _ATT_TILE
         S = math.ceil(L / chunk)
-        cost = math.ceil(B * n_kv * S / slots) * (chunk / _ATT_TILE + 2)
+        cost = math.ceil(B * n_kv * S / slots) * (chunk / _ATT_TILE + 2) + S * _ATT_MERGE_TILES_PER_SPLIT
         if best is None or cost < best[0]:
             best = (cost, S, chunk)
     assert best is not None
