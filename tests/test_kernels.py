@@ -328,7 +328,7 @@ def test_wgmma_tm_plan_cuts_whole_tiles_per_sm() -> None:
             assert p.token_major and (p.rows, p.cluster) == (wn, split) and p.nt == (32 if M <= 32 else 64)
             T, G = 132 // split, N // 8
             assert p.grid == 132 and p.iters == K // 128 // split and 8 * math.ceil(G / T) <= wn
-            assert 2 <= p.stages <= 8 and p.stages % 2 == 0 and p.tstages == (8 if split == 1 else 6)
+            assert 2 <= p.stages <= 8 and p.stages % 2 == 0 and p.tstages == 6
             assert p.smem == wgmma_tm_smem_bytes(wn, p.stages, p.tstages, p.iters, split)
             # pairs: a buffer for the peer's two warpgroup totals of this rank's (larger) half of the 8-column groups
             assert p.smem - wgmma_tm_smem_bytes(wn, p.stages, p.tstages, p.iters) == (

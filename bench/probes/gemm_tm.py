@@ -3,7 +3,8 @@ programmatic dependent launch (RTTS_NO_PDL, read per launch), over its tile widt
 method as the kernel bench: a CUDA graph of calls with weights rotated past the L2).
 Usage: python bench/probes/gemm_tm.py OUT_DIR [token counts, default 64]
 Environment: TM_STAGES / TM_TSTAGES (weight / token ring depths, default 2,4,6,8 / 4,8; deeper than the planner's cap
-lifts it for this run), TM_LAYERS (layer name prefixes, default all), TM_PDL (1,0: with and without PDL)."""
+lifts it for this run), TM_LAYERS (layer name prefixes, default all), TM_PDL (1,0: with and without PDL), TM_PER_SM
+(CTAs per SM, default 1: 2 plans two tiles per SM, the layer's own CTAs filling both slots)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def main() -> None:
     tstages = [int(v) for v in os.environ.get("TM_TSTAGES", "4,8").split(",")]
     layers = os.environ.get("TM_LAYERS", "").split(",")
     pdls = [v == "1" for v in os.environ.get("TM_PDL", "1,0").split(",")]
+    per_sm = [int(v) for v in os.environ.get("TM_PER_SM", "1").split(",")]
     gemm_plan = importlib.import_module("rtts.kernels.gemm_plan")  # the package's gemm_plan name is a function
     gemm_plan._TM_MAX_STAGES = max(gemm_plan._TM_MAX_STAGES, *stages)
     res: dict[str, float] = {}
@@ -42,12 +44,13 @@ def main() -> None:
             for split in (1, 2):
                 for ts in tstages:
                     for st in stages:
-                        try:
-                            p = kernels.wgmma_tm_plan(M, N, K, sms, st, split, ts)
-                        except ValueError:
-                            continue
-                        if p.grid == sms:
-                            plans[f"tm wn={p.rows} S={split} ts={ts} st={p.stages} grid={p.grid}"] = p
+                        for f in per_sm:
+                            try:
+                                p = kernels.wgmma_tm_plan(M, N, K, f * sms, st, split, ts)
+                            except ValueError:
+                                continue
+                            if p.grid == f * sms:
+                                plans[f"tm wn={p.rows} S={split} ts={ts} st={p.stages} grid={p.grid}"] = p
             for label, plan in plans.items():
                 for pdl in pdls:
                     os.environ.pop("RTTS_NO_PDL", None) if pdl else os.environ.update(RTTS_NO_PDL="1")

@@ -93,9 +93,11 @@ _TM_TOKEN_BYTES = 8192  # a token stage: the MMA's 64 rows x 128
 # Both rings have even stage counts: the two consumer warpgroups take alternate K blocks, so with an even count each
 # stage is only ever used by one of them. With an odd one a warpgroup could reach a stage's next use while the other
 # warpgroup's load into it (one phase earlier) was still pending, and the parity wait would pass it (session 12's
-# probe hung on a three-stage ring). Eight token stages (four per warpgroup) measured no faster than four.
-_TM_TOKEN_STAGES = 8
-_TM_PAIR_TOKEN_STAGES = 6  # cluster pairs: each rank also holds 12 KB of the peer's totals (WN = 40); weights keep 8
+# probe hung on a three-stage ring). Six token stages leave room for eight weight stages at WN = 48 and for a pair's
+# receive buffer: measured on the H200 (session 15, bench/probes/gemm_tm.py, two runs), wqkv at 16 / 32 / 64 tokens
+# 6.31-6.38 / 6.36-6.38 / 6.45-6.58 us with 6 token and 8 weight stages, against 6.57-6.60 / 6.64-6.65 / 6.72-6.96
+# with 8 and 6 (4 and 8: 6.58-6.65 / 6.63-6.72 / 6.81-6.93); wo's pairs are fastest with 6 and 8 as well.
+_TM_TOKEN_STAGES = 6
 _TM_MAX_STAGES = 8
 # Auto plans only for layers of at most this many K blocks per CTA: measured on the H200 (session 12, one CTA per
 # SM, PDL chain), wqkv (20 per CTA) and wo (16) ran faster than stream-K (64 tokens: 9.4 -> 7.4, 7.9 -> 6.8 us) and
@@ -299,7 +301,7 @@ def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, s
     of it each (S = 2, K/128 even): the S with the fewer weight bytes on the busiest CTA (ties: no split), its widest
     tile rounded up to a compiled width (_TM_WN); only splits whose tiles fill every SM, and at most _TM_MAX_ITERS K
     blocks per CTA (`split` forces S and skips both checks: tests, probes; `sms` below the GPU's gives fewer, wider
-    tiles). _TM_TOKEN_STAGES token stages, _TM_PAIR_TOKEN_STAGES for pairs (`tstages` replaces them), and as many
+    tiles). _TM_TOKEN_STAGES token stages (`tstages` replaces them), and as many
     weight stages as the rest of half an SM's shared memory holds, up to _TM_MAX_STAGES (`stages` lowers them); both
     even, at least two. Raises ValueError where nothing qualifies: the caller plans another kernel."""
     if not 0 < M <= _TM_NT[-1] or N % 8 or K % 128:
@@ -319,7 +321,7 @@ def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, s
         raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}")
     _, s, w, T = min(options)
     iters = KB // s
-    ts = (_TM_TOKEN_STAGES if s == 1 else _TM_PAIR_TOKEN_STAGES) if tstages is None else tstages
+    ts = _TM_TOKEN_STAGES if tstages is None else tstages
     ts -= ts % 2
     room = _SMEM_PAIR_LIMIT - wgmma_tm_smem_bytes(w, 0, ts, iters, s)
     st = min(_TM_MAX_STAGES, room // (w * 128 + 16))
