@@ -3,7 +3,7 @@
 // sx[K/128, Mp], 128x128 weight scales sw[N/128, K/128], y bf16 [M, N]).
 //
 // Where it runs (gemm_plan.prefer_token_major): layers that cut into one tile per SM, whole-K tiles from 9 tokens,
-// cluster pairs from 17 (RTTS_GEMM_TM=0 / 1: never / wherever it has a plan). On one H200 in a PDL chain of calls
+// cluster pairs from 9 too (RTTS_GEMM_TM=0 / 1: never / wherever it has a plan). On one H200 in a PDL chain of calls
 // (session 14) wqkv took 6.6-6.8 us at 16-64 tokens (stream-K: 6.8-9.3) and wo 5.8 at 17-64 (6.3-7.7); about as
 // fast as stream-K for w2 at 64 tokens then (12.2 against 12.3 us; stream-K 11.1 since session 15) and slower below
 // (hence gemm_plan._TM_MAX_ITERS).

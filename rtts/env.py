@@ -68,7 +68,7 @@ def gemm_tma_tokens() -> bool:
 def gemm_token_major() -> bool | None:
     """RTTS_GEMM_TM: which GEMMs of at most 64 tokens run the token-major kernel (cuda/fp8_gemm_wgmma_tm.cu) instead
     of the stream-K kernels. Unset: the planner's choice (gemm_plan.prefer_token_major: whole-K plans from 9 tokens,
-    cluster pairs from 17, where each measured faster); 1: wherever it has a plan (comparison, tests); 0: never.
+    cluster pairs from 9 as well, where each measured faster); 1: wherever it has a plan (comparison, tests); 0: never.
     Measured on the H200 (sessions 13-14, bench/results): wqkv 64 tokens 9.3 -> 6.8 us, wo 64 7.8 -> 5.8."""
     v = _choice("RTTS_GEMM_TM", ("0", "1"))
     return None if v == "" else v == "1"

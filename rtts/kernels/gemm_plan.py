@@ -105,11 +105,12 @@ _TM_MAX_STAGES = 8
 _TM_MAX_ITERS = 24
 # Where the planner prefers token-major plans to stream-K (H200, PDL chain, bench/results/traces): whole-K plans
 # from 9 tokens (session 13: wqkv 16 tokens 6.5 us against the lean kernel's 6.8; at 8 tokens 6.55 against 6.47, at
-# 1 7.4 against 6.5), cluster pairs from 17 (session 14, since the pair's ranks push each other their totals: wo 17
-# / 32 / 64 tokens 5.8 / 5.8 / 5.8 us against the 64-row stream-K kernel's 6.3 / 6.4 / 7.8; at 16 the lean kernel's
-# 6.0).
+# 1 7.4 against 6.5), cluster pairs from 9 (session 14, since the pair's ranks push each other their totals: wo 17
+# / 32 / 64 tokens 5.8 / 5.8 / 5.8 us against the 64-row stream-K kernel's 6.3 / 6.4 / 7.8; session 15, with six
+# token stages, bench/probes/gemm_tm.py twice: wo 16 tokens 5.80-5.84 against the lean kernel's 5.96-6.04, 8 tokens
+# 5.80-5.85 against 5.58-5.64, and wqkv's whole-K plan at 8 tokens 6.56-6.62 against 6.42-6.49).
 _TM_WHOLE_MIN_M = 9
-_TM_PAIR_MIN_M = 17
+_TM_PAIR_MIN_M = 9
 _TM_INSTANCES = tuple(f"fp8_gemm_wgmma_tm<{nt},{wn},{s}>" for nt in _TM_NT for wn in _TM_WN for s in (1, 2))
 
 
