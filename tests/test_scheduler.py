@@ -518,3 +518,6 @@ def test_slot_allocator_counts_slots_on_their_way_back() -> None:
     assert slots.pending == 1 and slots.free == 1
     slots.release(b, None)
     assert slots.pending == 0 and slots.free == 2
+    c, _ = slots.acquire()
+    with pytest.raises(AssertionError):  # a release nobody announced would make the count drift
+        slots.release(c, None)

@@ -222,6 +222,35 @@ def test_a_voice_change_waits_for_its_own_slot() -> None:
     assert taken == [] and list(rt._idle) == ["other"]
 
 
+def test_a_slot_pending_elsewhere_does_not_block_taking_one_back_for_long() -> None:
+    """The pending count is the server's: a slot on its way back may go to another opener. After RECLAIM_ANYWAY
+    without a slot, open_stream takes back an idle stream regardless (one, not one per retry)."""
+    from collections import OrderedDict
+    from types import SimpleNamespace
+
+    from rtts.pingpong import NoSlotError
+    from rtts.ws import runtime
+    from rtts.ws.runtime import Runtime
+
+    free_at: list[float] = []
+    taken: list[int] = []
+
+    class Scheduler:
+        releasing = 1  # another socket's slot, never this opener's
+
+        def open(self, references: Any) -> str:
+            if any(t <= time.monotonic() for t in free_at):
+                return "handle"
+            raise NoSlotError("full")
+
+    rt = SimpleNamespace(scheduler=Scheduler(), _idle=OrderedDict())
+    for i in range(3):
+        rt._idle[i] = lambda i=i: (taken.append(i), free_at.append(time.monotonic() + 0.05))
+    t0 = time.monotonic()
+    assert asyncio.run(Runtime.open_stream(rt)) == "handle"  # type: ignore[arg-type]
+    assert taken == [0] and runtime.RECLAIM_ANYWAY <= time.monotonic() - t0 < runtime.SLOT_WAIT
+
+
 @pytest.mark.parametrize("pad", [True, False])
 def test_a_short_last_pcm_message_is_lifted_over_pipecats_floor(pad: bool) -> None:
     """pcm at 16 kHz: the resampler's tail leaves a short last message at the turn's end. Live sessions lift it over

@@ -111,11 +111,13 @@ class DecodeWorker:
                     self.engine.cancel(msg.stream.slot)  # device write, ordered before the next step
                     self._retire(cur, FinishReason.CANCELLED)
             elif isinstance(msg, Release):
-                cur = self.running.get(msg.stream.slot)
-                if cur is not None:
-                    self.engine.cancel(msg.stream.slot)
-                    self._retire(cur, FinishReason.CANCELLED, advance=False)
-                self.slots.release(msg.stream.slot, self.dev.record())
+                try:
+                    cur = self.running.get(msg.stream.slot)
+                    if cur is not None:
+                        self.engine.cancel(msg.stream.slot)
+                        self._retire(cur, FinishReason.CANCELLED, advance=False)
+                finally:  # the slot comes back whatever happened above (see the prefill thread's Release)
+                    self.slots.release(msg.stream.slot, self.dev.record())
         return True
 
     # ------------------------------------------------------------------ one step

@@ -68,13 +68,16 @@ class PrefillWorker:
                 self.pending.clear()
                 return False
             if isinstance(msg, Release):
-                # Close: no more prompt work for this stream; then the decode thread frees the slot.
-                for job in [j for j in self.pending if j.stream is msg.stream]:
-                    if job.turn is None:
-                        self.pending.remove(job)
-                    else:
-                        self._end(job, FinishReason.CANCELLED)
-                self.to_decode.put(msg)
+                # Close: no more prompt work for this stream; then the decode thread frees the slot (passed on
+                # whatever happens here: a lost release would shrink the server's capacity for good).
+                try:
+                    for job in [j for j in self.pending if j.stream is msg.stream]:
+                        if job.turn is None:
+                            self.pending.remove(job)
+                        else:
+                            self._end(job, FinishReason.CANCELLED)
+                finally:
+                    self.to_decode.put(msg)
                 continue
             assert isinstance(msg, PrefillJob)
             self.pending.append(msg)

@@ -38,9 +38,10 @@ class SlotAllocator:
     def release(self, slot: int, event: torch.cuda.Event | None) -> None:
         with self._lock:
             assert slot not in self._free, f"slot {slot} released twice"
+            assert self._closing > 0, f"slot {slot} released without a close"
             self._events[slot] = event
             self._free.append(slot)
-            self._closing = max(0, self._closing - 1)
+            self._closing -= 1
 
     @property
     def free(self) -> int:

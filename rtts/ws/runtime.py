@@ -29,6 +29,7 @@ log = logging.getLogger("rtts.server")
 
 
 SLOT_WAIT = 2.0  # seconds a new session waits for a slot at capacity (Runtime.open_stream)
+RECLAIM_ANYWAY = 0.5  # seconds without a slot after which open_stream takes back an idle stream despite pending frees
 
 
 @dataclass(frozen=True)
@@ -120,19 +121,23 @@ class Runtime:
         idle_stream) and wait up to SLOT_WAIT for a slot. A slot given back (that, a socket's voice change, a
         barge-in's close before its reconnect) is freed asynchronously, once no decode step in flight uses it:
         without the wait the very next open is refused at capacity. NoSlotError after that."""
-        t0 = time.monotonic()
+        t0 = last = time.monotonic()
         while True:
             try:
                 return self.scheduler.open(references)
             except NoSlotError:
+                now = time.monotonic()
                 # Take back an idle stream only while no closed stream's slot is on its way back (this socket's
                 # own at a voice change, one taken back just before): that slot is this session's to wait for, and
-                # however late it frees (a long decode step), one session takes back at most one stream.
-                if self._idle and self.scheduler.releasing == 0:
+                # however late it frees (a long decode step), one session takes back at most one stream. The count
+                # is the server's, so a slot on its way back may go to another opener: after RECLAIM_ANYWAY
+                # without a slot, take one back regardless (then again each RECLAIM_ANYWAY).
+                if self._idle and (self.scheduler.releasing == 0 or now - last >= RECLAIM_ANYWAY):
                     _, reclaim = self._idle.popitem(last=False)
                     reclaim()
+                    last = now
                     log.info("took back an idle socket's stream for a new session")
-                elif time.monotonic() - t0 >= SLOT_WAIT:
+                elif now - t0 >= SLOT_WAIT:
                     raise
                 await asyncio.sleep(0.01)
 
