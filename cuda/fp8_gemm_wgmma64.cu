@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(H_THREADS, 2)
                 settle = tile;  // its first K block is this CTA's: it sums the tile after the loop
             } else {
                 // Another CTA settles this tile: park the share (this is its first tile), then raise this CTA's
-                // flag, counters[c] (park_share's "tile" counter is the flag here).
+                // flag, counters[c].
                 park_share<NT, H_CONSUMERS>(total, ws, counters, c, c, j + 1 < iters, H_BAR_PUBLISH,
                                             H_BAR_CONSUMERS);
             }

@@ -49,13 +49,14 @@ __device__ __forceinline__ void promote(float (&total)[NT / 2], const float (&ac
     }
 }
 
-// A share of `tile` another CTA sums: parked in workspace slot `slot` ([NT / 2 registers][CONS threads], coalesced)
-// and counted in with a release add. Mid-range (more iterations follow) the publisher warp does the add after
+// A share another CTA sums: parked in workspace slot `slot` ([NT / 2 registers][CONS threads], coalesced) and
+// counted in with a release add on counters[counter] (the tile's count, or the parking CTA's own flag: the file
+// comment says which kernel uses which). Mid-range (more iterations follow) the publisher warp does the add after
 // barrier `bar_publish` and the consumers go on at once; at the end of the range the consumers wait for each
 // other's stores (barrier `bar_consumers`) and thread 0 adds.
 template <int NT, int CONS>
 __device__ __forceinline__ void park_share(const float (&total)[NT / 2], float* __restrict__ ws,
-                                           int* __restrict__ counters, int slot, int tile, bool mid_range,
+                                           int* __restrict__ counters, int slot, int counter, bool mid_range,
                                            int bar_publish, int bar_consumers) {
     const int tid = threadIdx.x;
     float* p = ws + (i64)slot * (CONS / 2 * NT);
@@ -65,7 +66,7 @@ __device__ __forceinline__ void park_share(const float (&total)[NT / 2], float* 
         named_barrier_arrive(bar_publish, CONS + 32);
     } else {
         named_barrier(bar_consumers, CONS);  // every share stored before the release below
-        if (tid == 0) red_add_release(&counters[tile], 1);
+        if (tid == 0) red_add_release(&counters[counter], 1);
     }
 }
 
