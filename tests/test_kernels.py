@@ -301,7 +301,7 @@ def test_token_major_preference() -> None:
     for M in (1, 8, 9, 16, 17, 32, 33, 64):
         wqkv, wo = kernels.wgmma_tm_plan(M, 6144, 2560, sms=132), kernels.wgmma_tm_plan(M, 2560, 4096, sms=132)
         assert (wqkv.cluster, wo.cluster) == (1, 2) and wqkv.nt == wo.nt == (32 if M <= 32 else 64)
-        assert kernels.prefer_token_major(wqkv, M) == (M > 8) and kernels.prefer_token_major(wo, M) == (M > 8)
+        assert kernels.prefer_token_major(M) == (M > 8)
 
 
 def test_lean_plans_prefetch_at_most_half_a_range() -> None:

@@ -325,11 +325,10 @@ def _plan(M: int, N: int, K: int, device_index: int, stages: int | None = None,
         rows = env.gemm_rows()
     sms = _sm_count(device_index)
     tm = env.gemm_token_major()
-    if cluster is None and rows is None and M <= _TM_NT[-1] and tm is not False and _tensor_maps():
+    if (cluster is None and rows is None and M <= _TM_NT[-1] and (tm or (tm is None and prefer_token_major(M)))
+            and _tensor_maps()):
         try:
-            plan = wgmma_tm_plan(M, N, K, sms, stages)
-            if tm or prefer_token_major(plan, M):
-                return plan
+            return wgmma_tm_plan(M, N, K, sms, stages)
         except ValueError:
             pass  # the layer does not cut into one tile per SM: stream-K below
     if _rows64(M, cluster, rows):

@@ -103,14 +103,13 @@ _TM_MAX_STAGES = 8
 # SM, PDL chain), wqkv (20 per CTA) and wo (16) ran faster than stream-K (64 tokens: 9.4 -> 7.4, 7.9 -> 6.8 us) and
 # w2 (38) slower (12.5 -> 14.1).
 _TM_MAX_ITERS = 24
-# Where the planner prefers token-major plans to stream-K (H200, PDL chain, bench/results/traces): whole-K plans
-# from 9 tokens (session 13: wqkv 16 tokens 6.5 us against the lean kernel's 6.8; at 8 tokens 6.55 against 6.47, at
-# 1 7.4 against 6.5), cluster pairs from 9 (session 14, since the pair's ranks push each other their totals: wo 17
-# / 32 / 64 tokens 5.8 / 5.8 / 5.8 us against the 64-row stream-K kernel's 6.3 / 6.4 / 7.8; session 15, with six
-# token stages, bench/probes/gemm_tm.py twice: wo 16 tokens 5.80-5.84 against the lean kernel's 5.96-6.04, 8 tokens
-# 5.80-5.85 against 5.58-5.64, and wqkv's whole-K plan at 8 tokens 6.56-6.62 against 6.42-6.49).
-_TM_WHOLE_MIN_M = 9
-_TM_PAIR_MIN_M = 9
+# Where the planner prefers token-major plans to stream-K: from this many tokens, whole-K plans and cluster pairs alike
+# (H200, PDL chain, bench/results/traces). Whole-K: session 13, wqkv 16 tokens 6.5 us against the lean kernel's 6.8;
+# at 8 tokens 6.55 against 6.47, at 1 7.4 against 6.5. Pairs: session 14, since the pair's ranks push each other their
+# totals, wo 17 / 32 / 64 tokens 5.8 / 5.8 / 5.8 us against the 64-row stream-K kernel's 6.3 / 6.4 / 7.8; session 15,
+# with six token stages, bench/probes/gemm_tm.py twice: wo 16 tokens 5.80-5.84 against the lean kernel's 5.96-6.04,
+# 8 tokens 5.80-5.85 against 5.58-5.64, and wqkv's whole-K plan at 8 tokens 6.56-6.62 against 6.42-6.49.
+_TM_MIN_M = 9
 _TM_INSTANCES = tuple(f"fp8_gemm_wgmma_tm<{nt},{wn},{s}>" for nt in _TM_NT for wn in _TM_WN for s in (1, 2))
 
 
@@ -297,14 +296,14 @@ def wgmma_tm_smem_bytes(wn: int, stages: int, tstages: int, iters: int, split: i
 @functools.cache
 def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, split: int | None = None,
                   tstages: int | None = None) -> WgmmaPlan:
-    """The token-major kernel's plan for 1-64 tokens (prefer_token_major says where it runs): one CTA per SM (the
-    kernel says why), as T = sms / S tiles of whole 8-row groups over all of K (S = 1) or in cluster pairs over half
-    of it each (S = 2, K/128 even): the S with the fewer weight bytes on the busiest CTA (ties: no split), its widest
-    tile rounded up to a compiled width (_TM_WN); only splits whose tiles fill every SM, and at most _TM_MAX_ITERS K
-    blocks per CTA (`split` forces S and skips both checks: tests, probes; `sms` below the GPU's gives fewer, wider
-    tiles). _TM_TOKEN_STAGES token stages (`tstages` replaces them), and as many
-    weight stages as the rest of half an SM's shared memory holds, up to _TM_MAX_STAGES (`stages` lowers them); both
-    even, at least two. Raises ValueError where nothing qualifies: the caller plans another kernel."""
+    """The token-major kernel's plan for 1-64 tokens (prefer_token_major says where it runs): one CTA per SM (the kernel
+    says why), as T = sms / S tiles of whole 8-row groups over all of K (S = 1) or in cluster pairs over half of it each
+    (S = 2, K/128 even): the S with the fewer weight bytes on the busiest CTA (ties: no split), its widest tile rounded
+    up to a compiled width (_TM_WN); only splits whose tiles fill every SM, and at most _TM_MAX_ITERS K blocks per CTA
+    (`split` forces S and skips both checks: tests, probes; `sms` below the GPU's gives fewer, wider tiles).
+    _TM_TOKEN_STAGES token stages (`tstages` replaces them), and as many weight stages as the rest of half an SM's
+    shared memory holds, up to _TM_MAX_STAGES (`stages` lowers them); both even, at least two. Raises ValueError where
+    nothing qualifies: the caller plans another kernel."""
     if not 0 < M <= _TM_NT[-1] or N % 8 or K % 128:
         raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}")
     nt = next(n for n in _TM_NT if n >= M)
@@ -334,10 +333,10 @@ def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, s
     return WgmmaPlan(nt, st, T * s, wgmma_tm_smem_bytes(w, st, ts, iters, s), s, iters, w, ts, 0, True)
 
 
-def prefer_token_major(plan: WgmmaPlan, M: int) -> bool:
-    """Whether the planner runs a token-major plan (wgmma_tm_plan's) for M tokens rather than stream-K: whole-K
-    plans from _TM_WHOLE_MIN_M tokens, cluster pairs from _TM_PAIR_MIN_M."""
-    return M >= (_TM_WHOLE_MIN_M if plan.cluster == 1 else _TM_PAIR_MIN_M)
+def prefer_token_major(M: int) -> bool:
+    """Whether the planner runs a token-major plan (wgmma_tm_plan's, whole-K or cluster pairs) for M tokens rather
+    than stream-K: from _TM_MIN_M tokens."""
+    return M >= _TM_MIN_M
 
 
 def gemm_plan(M: int, N: int, K: int) -> tuple[int, int, int, int]:
