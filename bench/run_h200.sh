@@ -2,11 +2,12 @@
 # How the GPU numbers in bench/results and latency_reports were produced (one H200, no internet).
 # Usage on the GPU machine, from the repository root:
 #   bench/run_h200.sh OUT_DIR [tests] [kernels] [layer] [sched] [fp8] [profile] [prefill] [pkernels] [codec] [pgraphs]
-#                     [ttfa] [tm] [tmab]
+#                     [ttfa] [tput] [codecprec] [tm] [tmab]
 # (SCHED_CONC=1,16,64 picks the scheduler concurrencies, KERNEL_ARGS extra kernel-bench flags; RTTS_CODEC_GRAPHS=0 /
 # RTTS_PREFILL_GRAPHS=0 serve the ttfa step without codec / turn-prefill CUDA graphs, TTFA_NAME names its report,
 # TTFA_CONC / TTFA_MAX_RUNNING / TTFA_PREFILL_ROWS its concurrencies, server slots and prompts per prefill batch,
-# TTFA_FP8=1 serves FP8 linears; CODEC_MODES /
+# TTFA_FP8=1 serves FP8 linears; tput: `rtts serve --fp8` with 64 slots and the probe's throughput mode at
+# TPUT_CONC (default 1,16,32,64), a 10 s stored voice, TPUT_TURNS turns of TPUT_FRAMES frames; CODEC_MODES /
 # CODEC_CONC the codec step's runs)
 # Python packages the image lacks travel as wheels in .whl/ (see the device tool's README).
 # Pass RTTS_COMMIT=<sha> from the machine that sent the tree: the copy on the GPU machine may carry a stale .git.
@@ -15,7 +16,7 @@ OUT=${1:?output dir}; shift
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   >/dev/null 2>&1
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 RTTS_GOLDEN_DIR=${RTTS_GOLDEN_DIR:-$PWD/.golden} RTTS_HOME=/tmp/rh
+export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 RTTS_HOME=/tmp/rh
 for step in "$@"; do
   case $step in
     tests) timeout 360 python3 -m pytest -q -m gpu tests/test_kernels.py tests/test_layer_kernels.py tests/test_dequant.py tests/test_gpu.py tests/test_quant.py \
@@ -39,8 +40,10 @@ for step in "$@"; do
     prefill) timeout 200 python3 bench/probes/prefill_time.py "$OUT" --profile > "$OUT/prefill-time.log" 2>&1
              grep -E "^(1 x|8 x|fresh|profile)" "$OUT/prefill-time.log" ;;
     pkernels) timeout 150 python3 -m rtts.bench kernels --sections prefill --out "$OUT" 2>&1 | grep "^|" ;;
+    codecprec) timeout 300 python3 bench/probes/codec_precision.py "$OUT" 2>&1 | grep -v "^|" | tail -12 ;;
     codec) for g in ${CODEC_MODES:---no-codec-graphs --codec-graphs}; do  # the real codec's first-audio cost, eager and from CUDA graphs
              timeout 200 python3 -m rtts.bench scheduler --preset s2-pro --codec real --codec-concurrency ${CODEC_CONC:-1,16} $g \
+               ${CODEC_ARGS:-} \
                --seconds 5 --warmup 1.5 --out "$OUT/codec$g" 2>&1 | grep -v "^Point" | tail -4
            done ;;
     pgraphs) for f in "" --fp8; do  # turn first audio with the turn prefills eager (the default replays CUDA graphs)
@@ -61,5 +64,20 @@ for step in "$@"; do
         --name "${TTFA_NAME:-h200-s2pro-random-bf16}" --hardware "1x H200, ${TTFA_FP8:+FP8 linears, }bf16, rtts kernels; RTTS_CODEC_GRAPHS=${RTTS_CODEC_GRAPHS:-on} RTTS_PREFILL_GRAPHS=${RTTS_PREFILL_GRAPHS:-on} RTTS_CODEC_TF32=${RTTS_CODEC_TF32:-on}, prefill rows ${TTFA_PREFILL_ROWS:-16}" \
         --commit "${RTTS_COMMIT:-unknown}" --out "$OUT" 2>&1 | tail -6
       kill -INT $pid; sleep 3; tail -3 "$OUT/serve.log" ;;
+    tput)
+      python3 -m rtts serve --random-preset s2-pro --fp8 --device cuda --max-running 64 --max-ctx 2048 --port 8091 \
+        ${TPUT_SERVE_ARGS:-} > "$OUT/serve-tput.log" 2>&1 &
+      pid=$!
+      for _ in $(seq 1 180); do
+        python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8091/v1/health', timeout=1)" \
+          2>/dev/null && break
+        sleep 1
+      done
+      timeout ${TPUT_TIMEOUT:-240} python3 clients/probe.py --url ws://127.0.0.1:8091 --mode throughput \
+        --concurrency ${TPUT_CONC:-1,16,32,64} --rounds ${TPUT_ROUNDS:-1} --turns ${TPUT_TURNS:-3} --frames ${TPUT_FRAMES:-200} \
+        --stagger 1 --voice-seconds 10 --name "${TPUT_NAME:-h200-s2pro-random-fp8-throughput}" \
+        --hardware "1x H200, FP8 linears, bf16, rtts kernels, 64 slots ${TPUT_SERVE_ARGS:-}" \
+        --commit "${RTTS_COMMIT:-unknown}" --out "$OUT" 2>&1 | grep -v "^|" | tail -8
+      kill -INT $pid; sleep 3; tail -3 "$OUT/serve-tput.log" ;;
   esac
 done

@@ -6,14 +6,13 @@
 //                                          graph serves any lengths)
 // Grid (S, n_kv, B): CTA (s, h, b) handles keys [s*chunk, (s+1)*chunk) of KV head h for the G query heads that share
 // it, so each K/V byte is read once. With S > 1 (split-KV keeps small batches from idling most SMs) the splits write
-// partials (m, l, o) that merge_splits combines, in one of two places (the host picks, kernels.attention_fuses):
+// partials (m, l, o) that merge_splits combines, in one of two places (the host picks, attention.attention_fuses):
 //   - decode_attention_merge_HD_G, a second launch (grid (n_kv, B)), once every split is done;
 //   - the `_fused` instances: the last CTA of each (b, h) to finish merges its splits, counted in `counters`
-//     (int32 [B * n_kv], zero; reset by that CTA, so graph replays need no memset). No second launch, which
-//     measured 17.9 -> 11.3 us at batch 1 x 2048 keys (32 splits) with the CUDA-core kernel of session 9 (10.9 ->
-//     9.2 with this one); but the merging CTA holds its SM slot through several dependent L2 round trips, slow while
-//     the other CTAs saturate memory, so grids of more than one wave keep the second launch (CUDA-core kernel,
-//     fused: 64 x 2048 keys 170 -> 199 us; this one at 16 x 2048: 37.9 -> 45.6; bench/probes/attention_variants.py).
+//     (int32 [B * n_kv], zero; reset by that CTA, so graph replays need no memset). No second launch, which pays
+//     off for one wave of many splits; but the merging CTA holds its SM slot through several dependent L2 round
+//     trips, slow while the other CTAs saturate memory, so grids of more than one wave keep the second launch
+//     (measured: bench/results/traces/README.md, "Figures moved out of code comments").
 //
 // Memory: 64-key tiles of K and V (32 KB at head dim 128) stream through a double-buffered cp.async pipeline
 // (16-byte copies, zero fill past the length): one tile loads while the other computes, two CTAs per SM. The host
@@ -23,9 +22,8 @@
 // Compute (tensor cores, mma.m16n8k16 bf16 -> FP32): warp w owns keys 16w..16w+15 of each tile; the G query heads are
 // the rows of the A operand (padded to 8). Scores Q K^T, an online softmax in base 2 on the accumulator fragments, then
 // P V with P (rounded to bf16) straight from those fragments; warps merge in shared memory at the end.
-// Measured on the H200 (bench/probes/attention_variants.py, head dim 128, G = 4): the CUDA-core kernel this replaced
-// (lane pairs splitting a key's dot product, shuffles per key for P.V) took 177 us at 64 streams x 2048 keys; on
-// tensor cores 159 us held to three CTAs per SM (168 registers: it spilled), 124 us at two (torch SDPA: 122).
+// Tensor cores rather than CUDA cores, and two CTAs per SM rather than three (which spilled): both measured faster
+// (bench/results/traces/README.md).
 #include "sm90.cuh"
 
 #define WARPS 4
@@ -39,8 +37,7 @@
 // floats): every (max, sum) pair is read once, in one round trip,
 // then each thread sums 4 output dims over the splits with float4 loads kept 8 deep in flight. Splits are summed in
 // index order whichever CTA merges, so every launch gives the same bits. Not inlined: ptxas then budgets its
-// registers apart from the main loop's (measured with the CUDA-core kernel at three CTAs per SM: inlined, it spilled
-// 44 bytes at 168 registers; head dim 128, G = 4).
+// registers apart from the main loop's (inlined, it made the kernel spill).
 template <int HD, int G>
 __device__ __noinline__ void merge_splits(const float* __restrict__ ws_o, const float* __restrict__ ws_ml,
                                              bf16_t* __restrict__ out, float* buf, i64 p0, i64 q0, int S) {
@@ -289,7 +286,7 @@ __device__ __forceinline__ void attend_split(const bf16_t* __restrict__ q, const
                         (i64)b * H + h * G, S);
 }
 
-// Two CTAs per SM (kernels._ATT_CTAS_PER_SM): three leave 168 registers a thread, and the 128-dim instances spilled.
+// Two CTAs per SM (attention.CTAS_PER_SM): three leave 168 registers a thread, and the 128-dim instances spilled.
 #define DEFINE_ATTN(HD, G)                                                                                        \
     extern "C" __global__ void __launch_bounds__(WARPS * 32, 2) decode_attention_##HD##_##G(                       \
         const bf16_t* q, const bf16_t* kc, const bf16_t* vc, const i64* slots, const i64* lens, float* ws_o,      \

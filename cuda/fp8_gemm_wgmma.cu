@@ -72,8 +72,8 @@ __device__ __forceinline__ void cp_async_wait_upto(int n) {
 // Cluster settlement (CLUSTER): the shares of tile t, all in this cluster, are parked in the sharers' shared memory
 // (a CTA's first tile in slot A, its last in slot B = the free weight ring); after a cluster barrier each sharer sums
 // its slice of the tile (1/S of it, S sharers) from every share in rank order, over distributed shared memory.
-// NOTE: each thread's loop takes one DSMEM round trip per element it sums (the same shape made a global-memory
-// version of this 1.2-2x slower, bench/results/traces); at 64 tokens that is ~8 per thread.
+// NOTE: each thread's loop takes one DSMEM round trip per element it sums (a global-memory version of this measured
+// slower: bench/results/traces/README.md); at 64 tokens that is ~8 per thread.
 template <int NT>
 __device__ __forceinline__ void reduce_slice(unsigned slot_a, unsigned slot_b, bf16_t* __restrict__ y, int t, i64 base,
                                              i64 Tl, int Cl, int rl, int KB, int M, int N) {
@@ -108,16 +108,13 @@ __device__ __forceinline__ void reduce_slice(unsigned slot_a, unsigned slot_b, b
 // CLUSTER = true: launched in clusters of CS CTAs (cluster dimension set at launch); cluster g takes the whole tiles
 // [g * tiles / G, (g + 1) * tiles / G) and splits their iterations stream-K style over its CTAs, so every shared tile
 // is settled on chip (reduce_slice) with two cluster barriers and no global atomics.
-// TMA (the lean instances' `_tma` entry points, what kernels.launch_wgmma runs where the driver encodes tensor maps;
+// TMA (the lean instances' `_tma` entry points, what gemm.launch_wgmma runs where the driver encodes tensor maps;
 // RTTS_GEMM_TMA_TOKENS=0 selects cp.async): the tokens of every K block this CTA visits and their scales come by
 // tensor-map TMA (xmap: box 128 x NT rows, 128-byte swizzle, rows past M zero-filled by the copy engine, its
 // descriptor prefetched in the prologue), issued by the producer thread right after griddepcontrol.wait and landing
-// on one mbarrier, instead of 16-byte cp.async copies by every consumer thread plus a consumer barrier. Why: a lean
-// GEMM's first MMA came ~1.6 us after the wait (bench/results/traces, gemm-chain at 2e47955: wqkv, 1 token), where the
-// 64-row kernel's TMA-streamed tokens took ~0.5. Measured on the H200 (session 12, kernel bench): at 16 tokens TMA was
-// faster on every S2-Pro linear (wqkv 7.2 -> 6.9 us, wo 6.8 -> 6.6, gate|up 17.1 -> 16.0, w2 10.5 -> 9.7); at 1 token
-// with the ring at half a CTA's range (gemm_plan._LEAN_RANGE_SHARE) too (wqkv 6.9 -> 6.7, wo 6.0 -> 5.7, gate|up
-// 15.7 -> 15.5, w2 9.6 -> 8.9). Scales past Mp are left unwritten: those columns' products are zero (their tokens
+// on one mbarrier, instead of 16-byte cp.async copies by every consumer thread plus a consumer barrier. Why: the first
+// MMA then follows the wait sooner, and TMA measured faster on every S2-Pro linear at 1 and 16 tokens
+// (bench/results/traces/README.md). Scales past Mp are left unwritten: those columns' products are zero (their tokens
 // are), are never summed into others, and store_tile drops them.
 template <int NT, bool CLUSTER, bool TMA = false>
 __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const float* __restrict__ sx,
@@ -129,8 +126,8 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
     constexpr int R = NT / 2;          // accumulator registers per thread
     // FP8 wgmma accumulates with reduced precision (about 14 mantissa bits, not FP32), so the four k32 MMAs of a
     // 128-wide K block go into separate accumulators (as many as registers allow) that are summed in FP32: with
-    // four, no tensor-core sum spans more than 32 products. Measured: one accumulator per block averaged 0.3-0.43
-    // bf16 ulp of error against the exact product, with outliers of thousands of ulp on outputs near zero.
+    // four, no tensor-core sum spans more than 32 products (one accumulator per block measured far less accurate, with
+    // outliers on outputs near zero; tests/test_kernels.py bounds the error).
     // NT = 128 keeps one: with 10 warps per CTA, 3 share an SM sub-partition, which caps a thread at 168 registers,
     // and its FP32 total, accumulator and settle sum alone take 192 (ptxas spills ~250 bytes at NT = 128).
     constexpr int ACCS = NT <= 32 ? 4 : (NT == 64 ? 2 : 1);
@@ -177,7 +174,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
 
     // Prologue. The producer warp initializes the stage barriers and signals (bar.arrive: it does not wait) that
     // they are ready, then issues the first weight copies; the consumers issue their weight-scale and token copies
-    // and wait only for the barrier setup. Launched with PDL (kernels.launch), this runs while the previous kernel on
+    // and wait only for the barrier setup. Launched with PDL (_jit.launch), this runs while the previous kernel on
     // the stream finishes: the packed weights and their scales are constants, everything else waits for it (pdl_wait).
     pdl_launch_dependents();
     const fp8_t* src = wp + it0 * TILE_BYTES;
@@ -237,7 +234,7 @@ __device__ __forceinline__ void gemm_body(const fp8_t* __restrict__ x, const flo
 
     // ---- consumers. Weight scales join the first cp.async group: read per iteration from global memory, their
     // latency (they are as cold as the weights) would serialize the loop. Like the packed weights they are constants
-    // (written at load time; kernels.pack_weight waits for its own kernels), so they are read before pdl_wait; the
+    // (written at load time; gemm.pack_weight waits for its own kernels), so they are read before pdl_wait; the
     // tokens, written by the kernel ahead, after it: one group per K block in first-use order (zero fill past M).
     for (int i = tid; i < iters; i += CONSUMERS) cp_async4(smem_u32(s_w + i), sw + it0 + i, true);
     pdl_wait();

@@ -11,18 +11,17 @@
 //   - two rings: 8 KB weight stages, and token stages holding the NT x 128 tokens of an iteration's K block with
 //     their NT scales. Weights are constants and fill their ring before griddepcontrol.wait; tokens and their
 //     scales (written by the kernel ahead) come after it (separate rings let the host size them apart; measured,
-//     weight rings deeper than four stages were no faster). Tokens are a tensor-map TMA load (kernels.launch_wgmma):
+//     weight rings deeper than four stages were no faster). Tokens are a tensor-map TMA load (gemm.launch_wgmma):
 //     the copy engine applies the 128-byte swizzle the wgmma descriptor reads and zero-fills the rows past M;
 //   - 192 threads (a consumer warpgroup, a producer warp, a publisher warp), at most 168 registers and under half an
 //     SM's shared memory (host plan): two CTAs per SM. Short layers run one CTA per SM, so under PDL the next GEMM
 //     becomes resident and fills its weight ring while this one finishes; long ones (gate|up, w2) two of their own
-//     (kernels.wgmma64_plan: the one consumer warpgroup, not the ring, bounds a lone CTA's stream);
+//     (gemm_plan.wgmma64_plan: the one consumer warpgroup, not the ring, bounds a lone CTA's stream);
 //   - a split tile's shares are 64 x NT floats (16 KB at 64 tokens), and the CTA summing a tile bulk-copies the
 //     others into its then free ring region, `slots` at a time, and sums them from shared memory (one L2 round trip
 //     for all of them where they fit, instead of one per pair read into registers). Each sharer raises its own flag
-//     (counters[c], reset by the settling CTA) and each share is copied as soon as its flag is up: measured (H200,
-//     session 15, the kernel bench's PDL chain), w2 at 64 tokens 12.5 -> 12.2 us, 32 tokens 10.3-10.5 -> 10.0,
-//     gate|up 64 17.9 -> 17.5, against waiting on one per-tile count before copying any share.
+//     (counters[c], reset by the settling CTA) and each share is copied as soon as its flag is up (faster than
+//     waiting on one per-tile count before copying any share: bench/results/traces/README.md).
 // The stream-K split, who settles which tile, the summation order (determinism) and the deadlock argument are those
 // of fp8_gemm_wgmma.cu (streamk.cuh), over T = N/64 * K/128 iterations.
 #include "streamk.cuh"
@@ -74,7 +73,7 @@ __device__ __forceinline__ void store_tile_staged(const float (&v)[NT / 2], unsi
     }
 }
 
-// xmap: tensor map over x fp8 [M, K] (box 128 x NT rows, 128-byte swizzle, kernels.launch_wgmma). Two rings:
+// xmap: tensor map over x fp8 [M, K] (box 128 x NT rows, 128-byte swizzle, gemm.launch_wgmma). Two rings:
 // `stages` weight stages (8 KB each) and `tstages` token stages (NT x 128 tokens and their NT scales).
 template <int NT>
 __global__ void __launch_bounds__(H_THREADS, 2)
@@ -85,10 +84,9 @@ __global__ void __launch_bounds__(H_THREADS, 2)
     constexpr int B_BYTES = NT * 128;          // one K block of tokens: a multiple of 1 KB (swizzle atoms stay aligned)
     constexpr int R = NT / 2;                  // accumulator registers per thread
     // Tensor-core accumulators per K block, summed in FP32 (see fp8_gemm_wgmma.cu). Two at 32 tokens, not the four of
-    // the 128-row kernel: measured (bench/probes/gemm64_bounds.py), each accumulator more is registers and FP32 adds
-    // on the loop's critical path (wqkv at 32 tokens: 4 -> 2 accumulators 8.1 -> 7.6 us, wo 7.0 -> 6.8) and two
-    // keep the rounding test's bound (tests/test_kernels.py). One at 64 tokens was only ~0.2 us faster and is the
-    // split that flipped a greedy token in the FP8 gate: 64 keeps two.
+    // the 128-row kernel: each accumulator more is registers and FP32 adds on the loop's critical path (measured
+    // slower), and two keep the rounding test's bound (tests/test_kernels.py). One at 64 tokens is barely faster and
+    // flipped a greedy token in the FP8 gate: 64 keeps two.
     constexpr int ACCS = NT <= 16 ? 4 : (NT <= 64 ? 2 : 1);
     constexpr int SHARE_BYTES = H_ROWS * NT * 4;  // one parked FP32 share
     extern __shared__ unsigned char smem_raw[];
@@ -229,8 +227,8 @@ __global__ void __launch_bounds__(H_THREADS, 2)
     }
     if (settle >= 0) {
         // The other shares of the tile (CTAs c + 1 ... c_hi) are bulk-copied into the free ring region, `slots` at a
-        // time (one L2 round trip for all of them instead of one per pair of shares read into registers; measured,
-        // bench/results/traces: 2-4 us of tail while the next GEMM streams), and summed in CTA order from shared
+        // time (one L2 round trip for all of them instead of one per pair of shares read into registers, which left a
+        // long tail while the next GEMM streams: bench/results/traces/README.md), and summed in CTA order from shared
         // memory. Each share is copied as soon as its sharer's flag is up, in whatever order they come: lane k of
         // warp 0 polls share k of the batch, so reading the early shares overlaps the wait for the slowest sharer.
         const int want = unit_owner((i64)settle * KB + KB - 1, T, C) - c;

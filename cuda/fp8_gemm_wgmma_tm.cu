@@ -3,16 +3,13 @@
 // sx[K/128, Mp], 128x128 weight scales sw[N/128, K/128], y bf16 [M, N]).
 //
 // Where it runs (gemm_plan.prefer_token_major): layers that cut into one tile per SM, whole-K tiles from 9 tokens,
-// cluster pairs from 9 too (RTTS_GEMM_TM=0 / 1: never / wherever it has a plan). On one H200 in a PDL chain of calls
-// (session 14) wqkv took 6.6-6.8 us at 16-64 tokens (stream-K: 6.8-9.3) and wo 5.8 at 17-64 (6.3-7.7); about as
-// fast as stream-K for w2 at 64 tokens then (12.2 against 12.3 us; stream-K 11.1 since session 15) and slower below
-// (hence gemm_plan._TM_MAX_ITERS).
-// bench/results/traces/README.md has every run.
+// cluster pairs from 9 too (RTTS_GEMM_TM=0 / 1: never / wherever it has a plan). It beats stream-K on wqkv and wo;
+// long layers (w2) stay on stream-K (gemm_plan._TM_MAX_ITERS). bench/results/traces/README.md has every run.
 //
 // Why a third kernel: the swap-AB kernels put weight rows on the wgmma M side (64 per warpgroup), so a layer of N rows
 // has N/64 or N/128 tiles, too few to give every SM one whole tile, and their stream-K split leaves most tiles in
-// pieces that a settling CTA sums after its stream (measured: ~2.4 us from the median CTA's exit to the last one's at
-// wqkv, 64 tokens, bench/results/traces). Here the 64 (zero-padded) token rows are the wgmma M side and a tile is WN
+// pieces that a settling CTA sums after its stream (a measured tail after the median CTA's exit: see
+// bench/results/traces/README.md). Here the 64 (zero-padded) token rows are the wgmma M side and a tile is WN
 // weight rows (the N side: any multiple of 8), so the planner (gemm_plan.wgmma_tm_plan) can cut N into one tile per
 // SM, each over all of K (S = 1) or over half of it with the two halves in a cluster pair (S = 2): no stream-K,
 // no scratch, no settlement through L2; a tile ends with one sum in shared memory (and for S = 2 the totals the two
@@ -42,8 +39,8 @@
 // tile (row O of the tile starts O * 128 bytes into it: pieces start on 8-row swizzle atoms). Piece O's registers are
 // d[O / 2 ...]: the m64nN accumulator layout puts column 8 j + c in registers 4 j + ..., the same as one wide MMA's.
 // a / b are the descriptor low words (desc_sw128_lo) of the k step's token and weight bytes; the loop adds offsets
-// to two per-stage words (sm90.cuh says why that holds) instead of rebuilding each MMA's descriptor (measured: the
-// rebuilds were ~100 of the loop's ~230 instructions, in a loop whose issue rate bounds the kernel).
+// to two per-stage words (sm90.cuh says why that holds) instead of rebuilding each MMA's descriptor (the rebuilds were
+// a large share of the loop's instructions, in a loop whose issue rate bounds the kernel).
 template <int WN, int O = 0>
 __device__ __forceinline__ void wgmma_rows(float (&d)[WN / 2], unsigned a, unsigned b, int accumulate) {
     if constexpr (O < WN) {
@@ -90,8 +87,7 @@ __device__ __forceinline__ void tm_promote(float (&total)[WN / 2], const float (
 // Warpgroup 0's [64 tokens x WN] total to y[M, N] as bf16: tile columns [0, wn) from n0 (rows past M and columns
 // past wn dropped), through `stage` (64 x WN bf16 of free shared memory, 16-byte aligned): the accumulator layout
 // gives a thread 4-byte pieces of eight rows, so it is written to shared memory first and copied out in 16-byte
-// chunks of whole rows. Measured (bench/probes/gemm_tm_ablation.py, session 14): the direct 4-byte stores cost
-// wqkv ~0.4 us at 64 tokens in the PDL chain.
+// chunks of whole rows (direct 4-byte stores measured slower: bench/results/traces/README.md).
 // Only column groups [g0, g1) (8 columns each) are stored: a cluster pair's ranks store one part each.
 template <int WN>
 __device__ __forceinline__ void tm_store(const float (&v)[WN / 2], unsigned char* stage, bf16_t* __restrict__ y,
@@ -117,9 +113,8 @@ __device__ __forceinline__ void tm_store(const float (&v)[WN / 2], unsigned char
 // xmap: tensor map over x fp8 [M, K] (box 128 x NT rows, 128-byte swizzle). Grid: T * S CTAs (T tiles), clusters of
 // S. Tile c covers the 8-row groups [c * G / T, (c + 1) * G / T) of the G = N / 8: widths differ by at most 8 rows
 // and the host picks T (and WN, the widest) so that the grid is one CTA per SM. Why not equal tiles on fewer CTAs:
-// measured (bench/results/traces, gemm-grid), any GEMM grid short of the SM count ran 1-1.5 us slower in a PDL
-// chain (the next GEMM's CTAs double up on the idle SMs); the token-major kernel on 128 of 132 SMs gained nothing
-// from PDL where the stream-K kernels gain ~3 us.
+// any GEMM grid short of the SM count ran slower in a PDL chain (the next GEMM's CTAs double up on the idle SMs;
+// bench/results/traces/README.md).
 template <int NT, int WN, int S>
 __global__ void __launch_bounds__(TM_THREADS, 2)
     fp8_gemm_wgmma_tm(const __grid_constant__ TensorMap xmap, const float* __restrict__ sx,
@@ -266,8 +261,8 @@ __global__ void __launch_bounds__(TM_THREADS, 2)
     // its own column groups; its warpgroups first push their totals of the peer's groups into the peer's receive
     // buffer (st.async, counted on the peer's recv_bar), then it sums its own groups (warpgroups through the weight
     // ring, free once both are past their last MMA) and adds the peer's pair of totals once they have landed. Why not
-    // two cluster barriers with rank 0 reading rank 1's shared memory: measured (bench/probes/gemm_tm_ablation.py,
-    // session 14) that pair sum cost wo 1.3 us and w2 1.9 us at 64 tokens in the PDL chain.
+    // two cluster barriers with rank 0 reading rank 1's shared memory: that pair sum measured slower
+    // (bench/results/traces/README.md).
     int g0 = 0, g1 = G8;
     if constexpr (S == 2) {
         g0 = rank == 0 ? 0 : GA;

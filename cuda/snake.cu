@@ -1,5 +1,5 @@
 // Snake activation of the codec, y = x + sin(alpha_c x)^2 / (alpha_c + 1e-9), in one pass.
-//   x, y   [B, C, L] contiguous (float32 or raw bfloat16 bits), distinct
+//   x, y   [B, C, L] contiguous (float32, raw bfloat16 or raw float16 bits), distinct
 //   alpha  float32 [C]
 // torch spells it as five elementwise kernels over the whole tensor (alpha * x, sin, pow, the broadcast multiply,
 // the add), each a full read and write: 29 of them per codec decode are ~40% of a streaming chunk's GPU time. Here
@@ -57,6 +57,46 @@ __device__ __forceinline__ void store_vec(bf16_t* p, const float (&v)[VEC]) {
     } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) p[j] = float_to_bf16(v[j]);
+    }
+}
+
+// IEEE half as raw bits, in a struct of its own: bf16_t is an unsigned short too, and the overloads must differ.
+struct f16_t { unsigned short bits; };
+
+__device__ __forceinline__ float f16_to_float(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ unsigned short float_to_f16(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+template <int VEC>
+__device__ __forceinline__ void load_vec(const f16_t* p, float (&v)[VEC]) {
+    if constexpr (VEC == 4) {
+        const uint2 q = *reinterpret_cast<const uint2*>(p);
+        v[0] = f16_to_float(q.x & 0xffff); v[1] = f16_to_float(q.x >> 16);
+        v[2] = f16_to_float(q.y & 0xffff); v[3] = f16_to_float(q.y >> 16);
+    } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[j] = f16_to_float(p[j].bits);
+    }
+}
+
+template <int VEC>
+__device__ __forceinline__ void store_vec(f16_t* p, const float (&v)[VEC]) {
+    if constexpr (VEC == 4) {
+        uint2 q;
+        q.x = (unsigned)float_to_f16(v[0]) | ((unsigned)float_to_f16(v[1]) << 16);
+        q.y = (unsigned)float_to_f16(v[2]) | ((unsigned)float_to_f16(v[3]) << 16);
+        *reinterpret_cast<uint2*>(p) = q;
+    } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) p[j].bits = float_to_f16(v[j]);
     }
 }
 

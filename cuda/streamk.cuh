@@ -18,7 +18,7 @@
 // whose descriptors' low words (desc_sw128_lo) are a and b, in four k32 MMAs spread over ACCS accumulators
 // (fp8_gemm_wgmma.cu says why), waited for. A k step is 32 bytes on, its low words 2 on (sm90.cuh says why that
 // holds): callers pass a low word built once plus the stage's offset / 16, not a shared address to rebuild each
-// MMA's descriptor from (those rebuilds were ~40 of a K block's instructions, in loops whose issue rate counts).
+// MMA's descriptor from (those rebuilds cost many of a K block's instructions, in loops whose issue rate counts).
 template <int NT, int ACCS>
 __device__ __forceinline__ void mma_block(float (&acc)[ACCS][NT / 2], unsigned a, unsigned b) {
     wgmma_fence();
@@ -89,8 +89,8 @@ __device__ __forceinline__ void next_block(int& tile, int& kb, int KB) {
     }
 }
 
-// 64-bit division is a long emulated sequence on the GPU (measured: the ~18 of them a settling CTA used to do cost
-// microseconds on its critical path), so both use 32-bit math whenever the products fit, as for every decode shape.
+// 64-bit division is a long emulated sequence on the GPU (a settling CTA needs many, on its critical path), so both
+// use 32-bit math whenever the products fit, as for every decode shape.
 __device__ __forceinline__ i64 unit_begin(int c, i64 T, int C) {
     if (T * (C + 1) < (1ll << 32)) return (i64)((unsigned)c * (unsigned)T / (unsigned)C);
     return (i64)c * T / C;

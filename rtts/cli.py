@@ -17,7 +17,7 @@ from rtts.model.codec import encode_audio, load_codec
 from rtts.model.errors import PromptError
 from rtts.model.loading import load_model
 from rtts.model.prompt import PromptBuilder, Reference
-from rtts.model.random_checkpoint import ensure_default_checkpoint, make_random_checkpoint
+from rtts.tools.random_checkpoint import ensure_default_checkpoint, make_random_checkpoint
 from rtts.types import SamplingParams
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -155,8 +155,8 @@ def cmd_make_random(args: argparse.Namespace) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
-    from rtts.model.random_checkpoint import default_checkpoint_dir
-    from rtts.ws.runtime import ServerConfig
+    from rtts.runtime import ServerConfig
+    from rtts.tools.random_checkpoint import default_checkpoint_dir
     from rtts.ws.server import serve
 
     if args.checkpoint is not None and not Path(args.checkpoint).is_dir():
@@ -172,13 +172,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
         api_keys=tuple(args.api_key), voices_dir=voices,
         max_reference_seconds=args.max_reference_seconds, cuda_graphs=not args.no_cuda_graphs, freeze_gc=True,
         codec_graphs=args.codec_graphs, prefill_graphs=args.prefill_graphs, codec_tf32=args.codec_tf32,
-        fp8=args.fp8,
+        codec_dtype=args.codec_dtype, fp8=args.fp8,
     )
     if args.random_preset is None:
         serve(config)
         return
-    from rtts.model.random_checkpoint import random_model
-    from rtts.ws.runtime import Runtime
+    from rtts.runtime import Runtime
+    from rtts.tools.random_checkpoint import random_model
 
     dtype = torch.bfloat16 if args.device == "cuda" and args.dtype != "float32" else torch.float32
     loaded, codec = random_model(args.random_preset, resolve_device(args.device), dtype)
@@ -194,7 +194,7 @@ def cmd_voices(args: argparse.Namespace) -> None:
     """`rtts voices add|list|delete`: the store `rtts serve` reads (its --voices-dir default), so a voice added here
     is a reference_id once the server starts. A clip is encoded by the codec of the checkpoint given (the one the
     server will run: codes from another codec would be another voice)."""
-    from rtts.model.random_checkpoint import default_checkpoint_dir
+    from rtts.tools.random_checkpoint import default_checkpoint_dir
     from rtts.voices import VOICE_ID, VoiceMeta, VoiceStore, reference_encoder
 
     root = args.voices_dir or str(default_checkpoint_dir().parent / "voices")
@@ -220,7 +220,7 @@ def cmd_voices(args: argparse.Namespace) -> None:
 
 
 def cmd_quantize(args: argparse.Namespace) -> None:
-    from rtts.model.quant import quantize_checkpoint
+    from rtts.tools.quantize_checkpoint import quantize_checkpoint
 
     src = Path(args.src)
     if not src.is_dir():

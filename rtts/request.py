@@ -1,4 +1,4 @@
-"""A synthesis request as the server understands it (validated from the wire by `rtts.ws.protocol`).
+"""A synthesis request as the server understands it (validated from the wire by `rtts.ws.parse`).
 
 A leaf module: the session layer and the transport both use these types, and it imports nothing from rtts.
 """
@@ -29,7 +29,7 @@ class Prosody:
 
 @dataclass(frozen=True)
 class TTSRequest:
-    """A validated `start.request` / HTTP body. Defaults are chosen per missing field (PROTOCOL §2.7)."""
+    """A validated `start.request` / HTTP body. Defaults are chosen per missing field (docs/protocol.md)."""
 
     text: str = ""
     chunk_length: int = 200  # clamped to 100..300 (HTTP: 100..1000)

@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -26,7 +27,7 @@ from rtts.model.prompt import Reference
 from rtts.pingpong import AudioChunk, StreamHandle, TurnEnd
 from rtts.pingpong.outbox import Outbox
 from rtts.request import TTSRequest
-from rtts.session_text import Segmenter
+from rtts.segmenter import Segmenter
 from rtts.types import FinishReason, SamplingParams
 from rtts.voices import Voice, VoiceError, VoiceStore
 
@@ -56,7 +57,7 @@ class SessionError(Exception):
 
 class ClientGone(Exception):
     """Raised by the transport's `on_audio` / `on_finish` once its client has gone away (a closed socket). Closing
-    the socket is how clients interrupt (PROTOCOL.md §7): the session ends quietly, as a normal end and not a failure,
+    the socket is how clients interrupt (docs/protocol.md): the session ends quietly, as a normal end and not a failure,
     and no finish is sent (nobody is left to read it)."""
 
 
@@ -69,7 +70,7 @@ class SessionMetrics:
     frames: Callable[[int], None] = lambda n: None
 
 
-# Voice ids that client plugins send by default, naming a voice of the hosted Fish service (PROTOCOL.md: LiveKit's
+# Voice ids that client plugins send by default, naming a voice of the hosted Fish service (LiveKit's
 # fish plugin defaults to the first; the second is the hosted preset that older plugin releases and Fish's own
 # examples default to). Unless stored here under that id, they get the server's default voice, so a plugin with
 # default settings speaks; any other unknown id is an error.
@@ -152,6 +153,17 @@ def sampling_params(req: TTSRequest, model_format: str) -> SamplingParams:
                           repetition_penalty=req.repetition_penalty, seed=req.seed, max_frames=req.max_new_tokens)
 
 
+class _Chunk(NamedTuple):
+    """The turn whose audio is going out, as the timestamps extension reports it (docs/protocol.md): a chunk is one
+    turn."""
+
+    seq: int  # chunk_seq: the turn's number in the session
+    offset: float  # chunk_audio_offset_sec: where the turn starts on the session's audio timeline
+    text: str  # the turn's text
+    speech: float  # seconds of its speech so far
+    audio: float  # seconds of its audio so far: the speech plus any silence that released a codec's tail
+
+
 @dataclass
 class _Timing:
     t_trigger: float = 0.0  # when the text that triggered the turn arrived (flush/stop/segment end)
@@ -199,17 +211,15 @@ class Session:
         self.done = asyncio.Event()  # set once finish was sent
         self.failed = False  # it finished with an error
         self.cancelled = False  # the client cancelled it (the cancel / clear extension)
-        # Timestamps (PROTOCOL §3): a chunk is one turn. Its audio events share its chunk_seq and carry its offset on
-        # the session's audio timeline and a cumulative alignment relative to that offset, which each event of the
-        # chunk replaces.
+        # Timestamps (docs/protocol.md): a chunk is one turn. Its audio events share its chunk_seq and carry its
+        # offset on the session's audio timeline and a cumulative alignment relative to that offset, which each event
+        # of the chunk replaces.
         self.audio_seconds = 0.0  # the session's output timeline: where the next turn starts
         self._tail_held = False  # the codec holds the end of the last turn (TAIL_IDLE_SECONDS)
         # When the client will have played all audio sent so far, as if it plays in real time from each arrival:
         # after a quiet stretch (the user talking) playback restarts from the next audio.
         self._play_end = 0.0
-        # seq, offset, text, seconds of its speech so far, seconds of its audio so far (the speech plus any silence
-        # that released a codec's tail)
-        self._chunk: tuple[int, float, str, float, float] = (0, 0.0, "", 0.0, 0.0)
+        self._chunk = _Chunk(0, 0.0, "", 0.0, 0.0)
         self._turns_streamed = 0
         self.frames = 0
         self.t_start = time.perf_counter()
@@ -247,7 +257,7 @@ class Session:
 
     def interrupt(self) -> None:
         """The client's cancel: drop() and end with finish/cancelled rather than stop (the extension's reply in
-        PROTOCOL.md: a client that cancelled can tell the end of what it asked from a normal end)."""
+        docs/protocol.md: a client that cancelled can tell the end of what it asked from a normal end)."""
         self.cancelled = True
         self.drop()
 
@@ -343,13 +353,12 @@ class Session:
         self._tail_held = False
         encoded, seconds = self.encoder.release_tail()
         self._add_silence(seconds)
-        await self._emit(self.rechunker.push(encoded) + self.rechunker.flush(), content=self._chunk[2])
+        await self._emit(self.rechunker.push(encoded) + self.rechunker.flush(), content=self._chunk.text)
 
     def _add_silence(self, seconds: float) -> None:
         """Silence after the last turn's speech lengthens that turn's audio: the session timeline, the timestamps'
         audio duration and the playback estimate (the text's segment still ends where the speech does)."""
-        seq, offset, text, speech, total = self._chunk
-        self._chunk = (seq, offset, text, speech, total + seconds)
+        self._chunk = self._chunk._replace(audio=self._chunk.audio + seconds)
         self.audio_seconds += seconds
         self._played(seconds)
 
@@ -371,7 +380,7 @@ class Session:
                 seconds = item.pcm.size / item.sample_rate / self.spec.speed
                 turn_seconds += seconds
                 self._played(seconds)
-                self._chunk = (seq, start_s, text, turn_seconds, turn_seconds)
+                self._chunk = _Chunk(seq, start_s, text, turn_seconds, turn_seconds)
                 await self._emit(self.rechunker.push(encoded), content=text, timing=timing)
             elif isinstance(item, TurnEnd):
                 if item.reason == FinishReason.ERROR:
@@ -402,9 +411,10 @@ class Session:
                 continue
             extra: dict[str, object] = {}
             if self.alignment is not None:
-                seq, offset, text, speech, total = self._chunk
-                extra = self.alignment(segments=[(text, 0.0, speech)] if text else [], chunk_seq=seq,
-                                       chunk_audio_offset_sec=offset, content=content, audio_duration=total,
+                chunk = self._chunk
+                extra = self.alignment(segments=[(chunk.text, 0.0, chunk.speech)] if chunk.text else [],
+                                       chunk_seq=chunk.seq, chunk_audio_offset_sec=chunk.offset, content=content,
+                                       audio_duration=chunk.audio,
                                        elapsed_ms=(time.perf_counter() - self.t_start) * 1000)
             await self.on_audio(audio, extra)
             now = time.perf_counter()

@@ -13,10 +13,9 @@ def freeze_startup_objects() -> float:
     """Collect, then move every object alive now (modules, the model, tokenizers, captured graphs) into the collector's
     permanent generation, and return the milliseconds the collection took. Python's full collections walk every tracked
     object while holding the GIL, stopping the decode, prefill and codec threads and the event loop at once. A server
-    process holds ~300k tracked objects after startup (embedded model, CPU): one full pass over them took ~130 ms on a
-    2-core EPYC, ~0.01 ms once frozen (bench/probes/gc_pause.py), and a pause of that kind fits the whole-server chunk
-    gaps of latency_reports/2026-11-30_e4fcf88_h200-s2pro-random-bf16.md (not proven). Frozen, they are never walked
-    again; what serving allocates is collected as before, and refcounting frees frozen objects as usual."""
+    process holds hundreds of thousands of tracked objects after startup, so one full pass is a pause every stream
+    hears (bench/probes/gc_pause.py measures it; latency_reports/README.md records the pauses seen). Frozen, they are
+    never walked again; what serving allocates is collected as before, and refcounting frees frozen objects as usual."""
     t0 = time.perf_counter()
     gc.collect()
     gc.freeze()

@@ -29,7 +29,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from rtts.model.codec import Codec, load_codec
 from rtts.model.loading import LoadedModel, load_model
-from rtts.ws.runtime import Runtime, ServerConfig
+from rtts.runtime import Runtime, ServerConfig
 from rtts.ws.server import build_server
 
 RECV_TIMEOUT = 30.0  # a missing `finish` must fail a test, never hang it

@@ -44,23 +44,23 @@ def test_synth_s1_greedy(golden: Path, tmp_path: Path) -> None:
     assert np.array_equal(np.load(codes_out), np.load(ckpt / "fixtures" / "case0_noref" / "b0.codes.npy"))
 
 
-def test_synth_clones_from_reference_audio(golden: Path, tmp_path: Path) -> None:
+def test_synth_clones_from_reference_audio(golden: Path, encode1s_wav: Path, tmp_path: Path) -> None:
     ckpt = golden / "tiny-s2"
     wav = tmp_path / "o.wav"
     main(["synth", "Voice clone.", "--checkpoint", str(ckpt), "--reference-audio",
-          str(ckpt / "fixtures" / "codec" / "encode1s.signal.wav"), "--reference-text", "Reference words.",
+          str(encode1s_wav), "--reference-text", "Reference words.",
           "--seed", "7", "--max-frames", "12", "-o", str(wav)])
     audio, _ = sf.read(wav)
     assert 0 < audio.size <= 11 * 2048 and np.isfinite(audio).all()
 
 
-def test_voices_add_list_delete(golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_voices_add_list_delete(golden: Path, encode1s_wav: Path, tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
     """`rtts voices add ID CLIP --text` stores what `rtts serve` loads as reference_id ID (codes from the checkpoint's
     codec, the same as `rtts codec encode` gives); list shows it; delete removes it; errors are one line."""
     from rtts.voices import VoiceStore
 
-    ckpt, voices = golden / "tiny-s2", tmp_path / "voices"
-    clip = ckpt / "fixtures" / "codec" / "encode1s.signal.wav"
+    ckpt, voices, clip = golden / "tiny-s2", tmp_path / "voices", encode1s_wav
     main(["voices", "add", "my-voice", str(clip), "--text", "Reference words.", "--title", "Me",
           "--checkpoint", str(ckpt), "--voices-dir", str(voices)])
     main(["codec", "encode", str(clip), str(tmp_path / "codes.npy"), "--checkpoint", str(ckpt)])
@@ -87,9 +87,9 @@ def test_voices_add_list_delete(golden: Path, tmp_path: Path, capsys: pytest.Cap
         assert needle in err and err.count("\n") == 1, err
 
 
-def test_codec_encode_decode(golden: Path, tmp_path: Path) -> None:
+def test_codec_encode_decode(golden: Path, encode1s_wav: Path, tmp_path: Path) -> None:
     ckpt, codec_fx = golden / "tiny-s2", golden / "tiny-s2" / "fixtures" / "codec"
-    main(["codec", "encode", str(codec_fx / "encode1s.signal.wav"), str(tmp_path / "c.npy"), "--checkpoint", str(ckpt)])
+    main(["codec", "encode", str(encode1s_wav), str(tmp_path / "c.npy"), "--checkpoint", str(ckpt)])
     assert np.array_equal(np.load(tmp_path / "c.npy"), np.load(codec_fx / "encode1s.codes.npy"))
     main(["codec", "decode", str(codec_fx / "decode16.codes.npy"), str(tmp_path / "d.wav"), "--checkpoint", str(ckpt)])
     audio, _ = sf.read(tmp_path / "d.wav", dtype="float32")
@@ -111,8 +111,8 @@ def test_make_random_tiny_then_synth(tmp_path: Path) -> None:
 def test_embedded_default_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without --checkpoint, `rtts synth` and the server make the embedded default model under $RTTS_HOME on first
     use (the README's `rtts serve` runs on it) and say it is one."""
-    from rtts.model.random_checkpoint import default_checkpoint_dir
-    from rtts.ws.runtime import Runtime, ServerConfig
+    from rtts.runtime import Runtime, ServerConfig
+    from rtts.tools.random_checkpoint import default_checkpoint_dir
 
     monkeypatch.setenv("RTTS_HOME", str(tmp_path / "home"))
     main(["synth", "Default model.", "--seed", "1", "--max-frames", "4", "-o", str(tmp_path / "o.wav")])

@@ -184,8 +184,8 @@ def test_encode1s_and_intermediates(s2: Codec) -> None:
     assert _max_diff(z_e[0], _np(S2_CODEC / "encode1s.z_e.npy")) <= WAV_TOL
 
 
-def test_encode_from_wav_file(s2: Codec) -> None:
-    audio, rate = sf.read(S2_CODEC / "encode1s.signal.wav", dtype="float32")
+def test_encode_from_wav_file(s2: Codec, encode1s_wav: Path) -> None:
+    audio, rate = sf.read(encode1s_wav, dtype="float32")
     assert rate == s2.config.sample_rate and audio.ndim == 1
     codes = s2.encode(torch.from_numpy(audio)[None])
     assert torch.equal(codes[0], _np(S2_CODEC / "encode1s.codes.npy"))
@@ -277,7 +277,7 @@ def test_stream_slots_are_independent(s2: Codec, long_codes: torch.Tensor) -> No
 
 
 def test_stream_padding_rows_on_a_scratch_slot_change_no_real_row(s2: Codec, long_codes: torch.Tensor) -> None:
-    """What the codec graphs rely on (pingpong/codec_graphs.py): rows padded onto one scratch slot, even several
+    """What the codec graphs rely on (engine/graphs/codec.py): rows padded onto one scratch slot, even several
     at once and with any codes, leave the real rows' audio and state as an unpadded call leaves them."""
     a, b = long_codes[..., :12], long_codes[..., 40:52]
     plain, padded = s2.new_stream_state(5), s2.new_stream_state(5)
@@ -292,17 +292,16 @@ def test_stream_padding_rows_on_a_scratch_slot_change_no_real_row(s2: Codec, lon
 
 
 def test_codec_graph_runner_plans_and_falls_back_to_the_eager_stream(s2: Codec, long_codes: torch.Tensor) -> None:
-    from rtts.pingpong.codec_graphs import CodecGraphRunner, chunk_plan
+    from rtts.engine.graphs.codec import CodecGraphRunner, chunk_plan
 
     assert chunk_plan(11) == [8, 2, 1] and chunk_plan(1) == [1] and chunk_plan(16) == [8, 8] and chunk_plan(0) == []
     assert chunk_plan(7, (4, 1)) == [4, 1, 1, 1]
     state, ref = s2.new_stream_state(3), s2.new_stream_state(3)
     with pytest.raises(ValueError):
-        CodecGraphRunner(s2, state, 2, 3, use_graphs=False)  # the scratch slot must be a row of the state
+        CodecGraphRunner(s2, state, 2, 3)  # the scratch slot must be a row of the state
     with pytest.raises(ValueError):
-        CodecGraphRunner(s2, state, 2, 2, use_graphs=False, chunks=(4, 2))
-    runner = CodecGraphRunner(s2, state, 2, 2, use_graphs=False)  # the CPU codec worker's runner: no capture
-    runner.capture()
+        CodecGraphRunner(s2, state, 2, 2, chunks=(4, 2))
+    runner = CodecGraphRunner(s2, state, 2, 2)  # not captured (CPU): decode is the eager stream
     assert not runner.graphs and runner.buckets == [1, 2]
     codes = long_codes[..., :5]
     got = runner.decode(codes, torch.tensor([1]))
@@ -354,9 +353,9 @@ def test_stream_state_follows_codec_dtype() -> None:
 # ---------------------------------------------------------------------------------------------------
 
 
-def test_legacy_weight_norm_file_loads_identically(s2: Codec, tmp_path: Path) -> None:
+def test_legacy_weight_norm_file_loads_identically(s2: Codec, tiny_s2_legacy_codec: Path) -> None:
     # {"state_dict": {"generator." + key}} with weight_g/weight_v everywhere + discriminator tensors.
-    legacy = load_codec(S2_DIR / "codec_legacy_wn.pth")
+    legacy = load_codec(tiny_s2_legacy_codec)
     ours, theirs = s2.state_dict(), legacy.state_dict()
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)

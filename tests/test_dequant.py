@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from rtts import kernels
-from rtts.kernels import reference
+from rtts.kernels import gemm, reference
 from rtts.model.quant import FP8FeedForward, FP8Linear
 
 GPU = pytest.mark.gpu
@@ -68,7 +68,7 @@ def test_fp8_linear_over_the_dense_rows_runs_one_dense_gemm(rows: int, monkeypat
     def no_sliced_gemm(*args: object) -> None:
         raise AssertionError("prefill rows went to the decode GEMM")
 
-    monkeypatch.setattr(kernels, "fp8_gemm", no_sliced_gemm)
+    monkeypatch.setattr(gemm, "fp8_gemm", no_sliced_gemm)  # what fp8_linear calls
     with torch.inference_mode():
         y = mod(x)
     assert y.shape == (1, rows, 384)
@@ -78,8 +78,8 @@ def test_fp8_linear_over_the_dense_rows_runs_one_dense_gemm(rows: int, monkeypat
 def test_fp8_linear_at_the_dense_rows_still_runs_the_fp8_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
     mod = _linear(256, 128, seed=4)
     calls = []
-    gemm = kernels.fp8_gemm
-    monkeypatch.setattr(kernels, "fp8_gemm", lambda *a: calls.append(a[0].shape[0]) or gemm(*a))
+    fp8_gemm = gemm.fp8_gemm
+    monkeypatch.setattr(gemm, "fp8_gemm", lambda *a: calls.append(a[0].shape[0]) or fp8_gemm(*a))
     x = torch.randn(kernels.FP8_DENSE_ROWS, 256, generator=torch.Generator().manual_seed(5)).bfloat16()
     with torch.inference_mode():
         y = mod(x)
@@ -105,7 +105,7 @@ def test_fp8_mlp_dense_path_matches_its_fp8_path(fused: bool, monkeypatch: pytes
                                 nn.functional.linear(x, d(mlp.w3)), d(mlp.w2))
     with torch.inference_mode():
         got = mlp(x)
-        monkeypatch.setattr(kernels, "FP8_DENSE_ROWS", 1 << 20)  # the same rows through the FP8 GEMMs
+        monkeypatch.setattr(gemm, "FP8_DENSE_ROWS", 1 << 20)  # the same rows through the FP8 GEMMs
         fp8 = mlp(x)
     assert torch.equal(got, want)
     assert float((fp8.float() - got.float()).norm() / got.float().norm()) < 0.08
@@ -150,7 +150,7 @@ def test_block_over_the_dense_rows_does_not_quantize_in_its_norms(monkeypatch: p
             m.setattr(norm_rope, "rmsnorm_quant", quantizing_norm)
             m.setattr(norm_rope, "add_rmsnorm_quant", quantizing_norm)
             h, out = block(x, rope, *caches, rows, positions, S)
-        monkeypatch.setattr(kernels, "FP8_DENSE_ROWS", 1 << 20)  # the same rows quantized by the norms
+        monkeypatch.setattr(gemm, "FP8_DENSE_ROWS", 1 << 20)  # the same rows quantized by the norms
         h8, out8 = block(x, rope, *(c.zero_() for c in caches), rows, positions, S)
     y, y8 = (h + out).float(), (h8 + out8).float()
     assert float((y - y8).norm() / y.norm()) < 0.05

@@ -1,4 +1,4 @@
-"""GPU-only checks (marked `gpu`, skipped without CUDA): the scheduler with CUDA graphs on the golden tiny model."""
+"""GPU-only checks (marked `gpu`, deselected without CUDA): the scheduler with CUDA graphs on the golden tiny model."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from rtts.engine.engine import Engine, PrefillItem
-from rtts.engine.graphs import DecodeRunner, FrameZeroRunner
 from rtts.model.codec import load_codec
 from rtts.model.loading import load_model
 from rtts.model.prompt import Reference
@@ -34,10 +33,10 @@ def test_graph_scheduler_matches_golden(golden: Path, more_graphs: bool, tf32: b
     cases = {c["name"]: c for c in json.loads((fx / "cases.json").read_text())}
     config = SchedulerConfig(cuda_graphs=True, codec_graphs=more_graphs, prefill_graphs=more_graphs, codec_tf32=tf32)
     with Scheduler(engine, codec, config) as sch:
-        assert sch.runner.use_graphs and sch.runner.graphs
-        assert bool(sch.codec_worker.runner.graphs) == bool(sch.prefill_graphs.graphs) == more_graphs
-        assert (engine.prefill_graphs is not None) == more_graphs
-        graphed = (sch.prefill_graphs, sch.codec_worker.runner)
+        assert engine.decode_runner is not None and engine.decode_runner.graphs
+        assert engine.frame_zero_runner is not None and engine.frame_zero_runner.graphs
+        assert (sch.codec_worker.runner is not None) == (engine.prefill_runner is not None) == more_graphs
+        graphed = (engine.prefill_runner, sch.codec_worker.runner)
         runs = []
         for name in ("case0_noref", "case1_ref", "case2_speaker_nonascii", "case3_two_batches"):
             c = cases[name]
@@ -66,20 +65,20 @@ def test_graph_scheduler_matches_golden(golden: Path, more_graphs: bool, tf32: b
                         assert np.abs(got - ref).max() < 1e-3, name
             h.close()
         # With the extra graphs on, the turns really went through them (not an eager fallback).
-        assert all(r.replays > 0 for r in graphed) == more_graphs
+        assert all(r is not None and r.replays > 0 for r in graphed) == more_graphs
 
 
 def test_codec_graphs_equal_the_eager_stream(golden: Path) -> None:
     """CodecGraphRunner (padded buckets on the scratch slot, frame counts split 8/4/2/1) against decode_stream on a
     second state fed the same calls: the same audio and the same per-slot state, within float rounding."""
-    from rtts.pingpong.codec_graphs import CodecGraphRunner
+    from rtts.engine.graphs.codec import CodecGraphRunner
 
     codec = load_codec(golden / "tiny-s2", device="cuda", dtype=torch.float32)
     tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     # true float32, as CodecWorker(tf32=False) sets it: TF32 convolutions differ by chunk length
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     graphed, eager = codec.new_stream_state(8), codec.new_stream_state(8)
-    runner = CodecGraphRunner(codec, graphed, max_batch=7, scratch_slot=7, use_graphs=True)
+    runner = CodecGraphRunner(codec, graphed, max_batch=7, scratch_slot=7)
     with torch.inference_mode():
         runner.capture()
         assert runner.graphs and runner.buckets == [1, 2, 4, 7]
@@ -104,16 +103,15 @@ def test_codec_graphs_equal_the_eager_stream(golden: Path) -> None:
 
 def test_graph_replay_equals_eager(golden: Path) -> None:
     """Replaying a captured bucket gives the eager step's columns for the same slot state; frame 0 of a turn,
-    sampled by the prefill from its own graphs (FrameZeroRunner), equals the eager one, for one turn and for a batch
-    of three padded to a bucket of four."""
+    sampled by the prefill from its own graphs (Engine.frame_zero_runner), equals the eager one, for one turn and for
+    a batch of three padded to a bucket of four."""
     lm = load_model(golden / "tiny-s2", device="cuda", dtype=torch.float32)
     outs, zeros = [], []
     for graphs in (False, True):
         engine = Engine(lm, max_slots=8, max_ctx=256)
-        runner = DecodeRunner(engine, use_graphs=graphs)
-        runner.capture()
-        FrameZeroRunner(engine, use_graphs=graphs).capture()
-        assert (engine.frame_zero_graphs is not None) == graphs
+        if graphs:
+            engine.capture_graphs(prefill=False)
+        assert (engine.decode_runner is not None) == (engine.frame_zero_runner is not None) == graphs
         slots = [1, 3, 4]
         frame0 = []
         for s in slots:
@@ -130,31 +128,28 @@ def test_graph_replay_equals_eager(golden: Path) -> None:
         assert int(engine.state.finish[engine.scratch_slot]) == FinishReason.CANCELLED
         cols = []
         for _ in range(5):
-            c, _f = runner.step(slots, max(engine.host_pos[s] for s in slots) + 8)
+            c, _f = engine.decode_batch(slots, max(engine.host_pos[s] for s in slots) + 8)
             cols.append(c[: len(slots)].cpu())
         outs.append(torch.stack(cols))
     assert zeros[0].shape == (6, 11)
     assert torch.equal(zeros[0], zeros[1])
     assert torch.equal(outs[0], outs[1])
     few = Engine(lm, max_slots=3, max_ctx=64)  # fewer slots than prefill rows: no bucket wider than the slots
-    runner = FrameZeroRunner(few)
-    runner.capture()
-    assert runner.buckets == [1, 2, 3] and few.frame_zero_graphs is runner
+    few.capture_graphs(prefill=False)
+    assert few.frame_zero_runner is not None and few.frame_zero_runner.buckets == [1, 2, 3]
 
 
 def test_prefill_graphs_equal_the_eager_forward(golden: Path) -> None:
     """PrefillRunner's replay (padded to its bucket, whole-cache attention) against the exact-size eager forward on
     the same cache contents: the same hidden states for the real rows and the same K/V in the real slots."""
-    from rtts.engine.graphs import PrefillRunner
-
     lm = load_model(golden / "tiny-s2", device="cuda", dtype=torch.float32)
     eng = Engine(lm, max_slots=4, max_ctx=256)
     g = torch.Generator().manual_seed(4)
     for slot, n in ((1, 21), (2, 7)):
         eng.prefill_batch([PrefillItem(slot, torch.randint(0, 100, (eng.rows, n), generator=g))])
-    runner = PrefillRunner(eng, use_graphs=True)
-    runner.capture()
-    assert eng.prefill_graphs is runner and runner.bucket(3, 13, 40) is not None and runner.bucket(3, 257, 257) is None
+    eng.capture_graphs()
+    runner = eng.prefill_runner
+    assert runner is not None and runner.bucket(3, 13, 40) is not None and runner.bucket(3, 257, 257) is None
     lengths = {1: 13, 2: 5, 0: 9}
     items = [PrefillItem(slot, torch.randint(0, 100, (eng.rows, t), generator=g)) for slot, t in lengths.items()]
     kv_len = max(eng.host_pos[s] + t for s, t in lengths.items())
@@ -193,7 +188,7 @@ def test_fp8_scheduler_with_concurrent_prefill_and_decode_graphs(tmp_path: Path,
     engine = Engine(lm, max_slots=6, max_ctx=512)
     params = SamplingParams(temperature=0.8, top_p=0.8, top_k=30, max_frames=12)
     with Scheduler(engine, codec, SchedulerConfig(cuda_graphs=True, prefill_graphs=prefill_graphs)) as sch:
-        assert engine.frame_zero_graphs is not None
+        assert engine.frame_zero_runner is not None
         handles = [sch.open([]) for _ in range(6)]
         ended = 0
         outboxes = [h.speak(f"Turn zero of stream {i}.", params) for i, h in enumerate(handles)]

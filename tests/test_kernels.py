@@ -4,14 +4,17 @@ random non-zero inputs, odd sizes included (marked gpu)."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
-from rtts import kernels
+from rtts import env, kernels
+from rtts.kernels import attention, gemm, gemm_plan
 from rtts.kernels import reference as ref
+from rtts.kernels.common import sm_count
 from rtts.kernels.gemm_plan import wgmma_tm_smem_bytes
 
 GPU = pytest.mark.gpu
@@ -20,6 +23,18 @@ GPU = pytest.mark.gpu
 def _x(*shape: int, scale: float = 1.0, seed: int = 0, device: str = "cpu") -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).to(device)
+
+
+@pytest.fixture
+def switches() -> Iterator[Callable[..., None]]:
+    """switches(name=value, ...) changes kernel switches (env.KernelSwitches fields) for the rest of the test."""
+    saved = env.kernel_switches()
+
+    def change(**changes: object) -> None:
+        env.set_kernel_switches(dataclasses.replace(env.kernel_switches(), **changes))
+
+    yield change
+    env.set_kernel_switches(saved)
 
 
 def _capture(fn: Callable[[], torch.Tensor], warm: bool = False) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -117,7 +132,7 @@ def test_codec_snake_keeps_other_dtypes_on_the_torch_expression() -> None:
 
     m = Snake1d(5)
     m.alpha.data.uniform_(0.3, 2.0)
-    for dtype in (torch.float16, torch.float64):
+    for dtype in (torch.float64,):
         x = torch.randn(2, 5, 7).to(dtype)
         m64 = m.to(dtype)
         with torch.no_grad():
@@ -125,11 +140,11 @@ def test_codec_snake_keeps_other_dtypes_on_the_torch_expression() -> None:
 
 
 def test_snake_checks() -> None:
-    with pytest.raises(ValueError, match="contiguous float32 or bfloat16"):
+    with pytest.raises(ValueError, match="contiguous float32, bfloat16 or float16"):
         kernels.snake(torch.randn(2, 5, 7).transpose(1, 2), torch.ones(7))
-    with pytest.raises(ValueError, match="contiguous float32 or bfloat16"):
+    with pytest.raises(ValueError, match="contiguous float32, bfloat16 or float16"):
         kernels.snake(torch.randn(5, 7), torch.ones(5))
-    with pytest.raises(ValueError, match="contiguous float32 or bfloat16"):
+    with pytest.raises(ValueError, match="contiguous float32, bfloat16 or float16"):
         kernels.snake(torch.randn(2, 5, 7, dtype=torch.float64), torch.ones(5))
     with pytest.raises(ValueError, match="one per channel"):
         kernels.snake(torch.randn(2, 5, 7), torch.ones(4))
@@ -205,7 +220,7 @@ def test_wgmma_plan_fits_the_gpu() -> None:
         for N, K in ((2560, 9728), (19456, 2560), (256, 384), (65536, 16384), (128, 128), (2560, 65536)):
             for cluster in (None, 1, 2, 3, 6, 8):
                 try:
-                    p = kernels.wgmma_plan(M, N, K, sms=132, cluster=cluster)
+                    p = gemm_plan.wgmma_plan(M, N, K, sms=132, cluster=cluster)
                 except ValueError:  # only a forced cluster size may not fit (too few blocks, or tokens too big)
                     assert cluster is not None and cluster > 1
                     continue
@@ -223,8 +238,8 @@ def test_wgmma_plan_fits_the_gpu() -> None:
                 else:
                     assert p.iters == math.ceil(T / p.grid)
                 blocks = min(K // 128, p.iters)
-                assert p.smem >= kernels.wgmma_smem_bytes(p.nt, blocks, p.stages, p.iters, p.cluster > 1)
-                if p.nt <= 16 and p.smem <= kernels._SMEM_PAIR_LIMIT:
+                assert p.smem >= gemm_plan.wgmma_smem_bytes(p.nt, blocks, p.stages, p.iters, p.cluster > 1)
+                if p.nt <= 16 and p.smem <= gemm_plan.SMEM_PAIR_LIMIT:
                     assert 2 * (p.smem + 1024 + 64) <= 228 * 1024  # two lean CTAs share an SM
 
 
@@ -240,7 +255,7 @@ def test_wgmma64_plan_fits_two_ctas_per_sm() -> None:
     room for a second CTA (the next GEMM's, or the layer's own) on every SM."""
     for M in (17, 32, 33, 64, 65, 100, 128):
         for N, K in ((2560, 9728), (19456, 2560), (6144, 2560), (2560, 4096), (128, 128), (384, 1280)):
-            p = kernels.wgmma64_plan(M, N, K, sms=132)
+            p = gemm_plan.wgmma64_plan(M, N, K, sms=132)
             T = N // 64 * (K // 128)
             assert p.rows == 64 and p.cluster == 1 and p.nt in (32, 64, 128) and p.nt >= M > p.nt // 2
             per_sm = 2 if T >= 20 * 132 else 1.5 if T >= 12 * 132 else 1
@@ -255,53 +270,64 @@ def test_wgmma64_plan_fits_two_ctas_per_sm() -> None:
             assert rounds[p.grid] == min(rounds.values()) and all(rounds[g] > rounds[p.grid] for g in same
                                                                      if g > p.grid)
             assert p.stages == 4 and p.tstages in (3, 4)
-            assert p.smem == kernels.wgmma64_smem_bytes(p.nt, p.stages, p.tstages, p.iters, p.slots)
+            assert p.smem == gemm_plan.wgmma64_smem_bytes(p.nt, p.stages, p.tstages, p.iters, p.slots)
             # A settling CTA's share buffers: at least one, never more than the other shares it can have to read.
             sharers = max(unit_owner(t * KB + KB - 1, T, p.grid) - unit_owner(t * KB, T, p.grid) + 1
                           for t in range(N // 64))
             assert sharers - 1 <= math.ceil((KB - 1) / max(1, p.iters - 1))  # the planner's bound
             assert 1 <= p.slots <= max(1, math.ceil((KB - 1) / max(1, p.iters - 1)))
             assert 2 * (p.smem + 1024 + 64) <= 228 * 1024
-            assert kernels.scratch_fits(p, N, 132)
-            assert kernels.wgmma64_plan(M, N, K, sms=132, stages=2).stages == 2
+            assert gemm.scratch_fits(p, N, 132)
+            assert gemm_plan.wgmma64_plan(M, N, K, sms=132, stages=2).stages == 2
     with pytest.raises(ValueError):
-        kernels.wgmma64_plan(129, 2560, 2560, sms=132)
+        gemm_plan.wgmma64_plan(129, 2560, 2560, sms=132)
     with pytest.raises(ValueError):  # so many iterations per CTA that not one weight stage fits beside their scales
-        kernels.wgmma64_plan(64, 1 << 16, 1 << 16, sms=2)
-    assert kernels.wgmma64_plan(64, 19456, 2560, sms=132, grid=132).grid == 132  # probes override the CTA count
+        gemm_plan.wgmma64_plan(64, 1 << 16, 1 << 16, sms=2)
+    assert gemm_plan.wgmma64_plan(64, 19456, 2560, sms=132, grid=132).grid == 132  # probes override the CTA count
     # w2 at 64 tokens: 260 CTAs of 12 iterations settle each tile's 6 other shares in one round (264 had 7 in 6 slots)
-    assert kernels.wgmma64_plan(64, 2560, 9728, sms=132).grid == 260
+    assert gemm_plan.wgmma64_plan(64, 2560, 9728, sms=132).grid == 260
 
 
 @pytest.mark.parametrize("name,unset,cases,bad", [
     ("RTTS_GEMM_TMA_TOKENS", True, (("0", False), ("1", True), (" 0 ", False)), "yes"),
     ("RTTS_GEMM_TM", None, (("0", False), ("1", True), (" 1 ", True)), "on"),
 ])
-def test_strict_gemm_settings(monkeypatch: pytest.MonkeyPatch, name: str, unset: bool | None,
-                              cases: tuple[tuple[str, bool], ...], bad: str) -> None:
+def test_strict_gemm_settings(name: str, unset: bool | None, cases: tuple[tuple[str, bool], ...], bad: str) -> None:
     """RTTS_GEMM_TMA_TOKENS (tokens by TMA unless set to 0) and RTTS_GEMM_TM (unset leaves the choice to the planner:
     None; 1 forces the token-major kernel wherever it has a plan, 0 turns it off): anything but 0 / 1 is an error
     rather than a silent default."""
-    from rtts import env
+    field = {"RTTS_GEMM_TMA_TOKENS": "gemm_tma_tokens", "RTTS_GEMM_TM": "gemm_token_major"}[name]
 
-    read = {"RTTS_GEMM_TMA_TOKENS": env.gemm_tma_tokens, "RTTS_GEMM_TM": env.gemm_token_major}[name]
-    monkeypatch.delenv(name, raising=False)
-    assert read() is unset
+    def read(environ: dict[str, str]) -> bool | None:
+        return getattr(env.KernelSwitches.from_environ(environ), field)
+
+    assert read({}) is unset
     for v, want in cases:
-        monkeypatch.setenv(name, v)
-        assert read() is want
-    monkeypatch.setenv(name, bad)
+        assert read({name: v}) is want
     with pytest.raises(ValueError, match=name):
-        read()
+        read({name: bad})
+
+
+def test_kernel_switches_are_read_once_and_overridden_explicitly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernels read their switches from env.kernel_switches() (the environment's at import), not os.environ per
+    launch; an override holds inside its block only."""
+    before = env.kernel_switches()
+    monkeypatch.setenv("RTTS_NO_PDL", "0" if before.no_pdl else "1")
+    assert env.kernel_switches() == before
+    with env.override_kernel_switches(no_pdl=not before.no_pdl, gemm_rows=64) as inside:
+        assert env.kernel_switches() is inside and inside.no_pdl != before.no_pdl and inside.gemm_rows == 64
+    assert env.kernel_switches() == before
+    assert env.KernelSwitches.from_environ({"RTTS_GEMM_CLUSTER": " 4 ", "RTTS_MMA_GEMM": "yes"}) == \
+        env.KernelSwitches(gemm_cluster=4, legacy_gemm=True)
 
 
 def test_token_major_preference() -> None:
     """The planner takes whole-K token-major plans and cluster-pair plans from 9 tokens (where each measured faster
     than the stream-K kernels)."""
     for M in (1, 8, 9, 16, 17, 32, 33, 64):
-        wqkv, wo = kernels.wgmma_tm_plan(M, 6144, 2560, sms=132), kernels.wgmma_tm_plan(M, 2560, 4096, sms=132)
+        wqkv, wo = gemm_plan.wgmma_tm_plan(M, 6144, 2560, sms=132), gemm_plan.wgmma_tm_plan(M, 2560, 4096, sms=132)
         assert (wqkv.cluster, wo.cluster) == (1, 2) and wqkv.nt == wo.nt == (32 if M <= 32 else 64)
-        assert kernels.prefer_token_major(M) == (M > 8)
+        assert gemm_plan.prefer_token_major(M) == (M > 8)
 
 
 def test_lean_plans_prefetch_at_most_half_a_range() -> None:
@@ -309,11 +335,11 @@ def test_lean_plans_prefetch_at_most_half_a_range() -> None:
     far as half an SM's shared memory allows: what the next GEMM prefetches competes with the tail of the one ahead."""
     for M in (1, 8, 9, 16):
         for (N, K), want in {(6144, 2560): 4, (2560, 4096): 3, (2560, 9728): 6 if M <= 8 else 5}.items():
-            p = kernels.wgmma_plan(M, N, K, sms=132, cluster=1)
-            assert p.stages == want and p.smem == kernels.wgmma_smem_bytes(p.nt, min(K // 128, p.iters), p.stages,
+            p = gemm_plan.wgmma_plan(M, N, K, sms=132, cluster=1)
+            assert p.stages == want and p.smem == gemm_plan.wgmma_smem_bytes(p.nt, min(K // 128, p.iters), p.stages,
                                                                            p.iters)
         for N, K in ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728), (1024, 3072), (256, 384)):
-            p = kernels.wgmma_plan(M, N, K, sms=132, cluster=1)
+            p = gemm_plan.wgmma_plan(M, N, K, sms=132, cluster=1)
             assert 2 <= p.stages <= max(2, math.ceil(p.iters / 2)) and 2 * (p.smem + 1024 + 64) <= 228 * 1024
 
 
@@ -324,7 +350,7 @@ def test_wgmma_tm_plan_cuts_whole_tiles_per_sm() -> None:
     want = {(6144, 2560): (48, 1), (2560, 4096): (40, 2), (2560, 2560): (40, 2), (1024, 1024): (16, 2)}
     for M in (17, 32, 33, 64):
         for (N, K), (wn, split) in want.items():
-            p = kernels.wgmma_tm_plan(M, N, K, sms=132)
+            p = gemm_plan.wgmma_tm_plan(M, N, K, sms=132)
             assert p.token_major and (p.rows, p.cluster) == (wn, split) and p.nt == (32 if M <= 32 else 64)
             T, G = 132 // split, N // 8
             assert p.grid == 132 and p.iters == K // 128 // split and 8 * math.ceil(G / T) <= wn
@@ -335,26 +361,26 @@ def test_wgmma_tm_plan_cuts_whole_tiles_per_sm() -> None:
                 2 * math.ceil(wn / 16) * 64 * 8 * 4 + 8) * (split == 2)
             assert 2 * (p.smem + 1024 + 64) <= 228 * 1024  # the next GEMM's CTA fits beside it
             assert p.stages * wn * 128 >= 64 * wn * 4  # the ring holds a warpgroup's total after the loop
-            assert kernels.scratch_fits(p, N, 132)
+            assert gemm.scratch_fits(p, N, 132)
         with pytest.raises(ValueError):  # 19456 rows: a tile per SM would be wider than any compiled width
-            kernels.wgmma_tm_plan(M, 19456, 2560, sms=132)
+            gemm_plan.wgmma_tm_plan(M, 19456, 2560, sms=132)
         with pytest.raises(ValueError):  # 60 groups of 8 rows: not a tile for every SM, whatever the split
-            kernels.wgmma_tm_plan(M, 480, 2560, sms=132)
+            gemm_plan.wgmma_tm_plan(M, 480, 2560, sms=132)
         with pytest.raises(ValueError):  # w2: 38 K blocks per CTA even split in two (slower than stream-K)
-            kernels.wgmma_tm_plan(M, 2560, 9728, sms=132)
-        assert kernels.wgmma_tm_plan(M, 2560, 9728, sms=132, split=2).iters == 38  # forced: allowed
+            gemm_plan.wgmma_tm_plan(M, 2560, 9728, sms=132)
+        assert gemm_plan.wgmma_tm_plan(M, 2560, 9728, sms=132, split=2).iters == 38  # forced: allowed
         # 32 K blocks: whole-K tiles would stream too many, so the (equally cheap) split in two is the plan
-        p = kernels.wgmma_tm_plan(M, 2048, 4096, sms=132)
+        p = gemm_plan.wgmma_tm_plan(M, 2048, 4096, sms=132)
         assert (p.cluster, p.iters) == (2, 16)
     for M in (0, 65, 128):
         with pytest.raises(ValueError):
-            kernels.wgmma_tm_plan(M, 6144, 2560, sms=132)
-    forced = kernels.wgmma_tm_plan(64, 480, 2560, sms=132, split=1)  # forced: fewer tiles than SMs allowed
+            gemm_plan.wgmma_tm_plan(M, 6144, 2560, sms=132)
+    forced = gemm_plan.wgmma_tm_plan(64, 480, 2560, sms=132, split=1)  # forced: fewer tiles than SMs allowed
     assert (forced.rows, forced.cluster, forced.grid) == (16, 1, 60)
     with pytest.raises(ValueError):  # an odd K-block count cannot split in two
-        kernels.wgmma_tm_plan(64, 2560, 384, sms=132, split=2)
-    assert kernels.wgmma_tm_plan(40, 6144, 2560, sms=132, stages=2).stages == 2
-    odd = kernels.wgmma_tm_plan(40, 6144, 2560, sms=132, stages=5, tstages=5)  # rounded down to even counts
+        gemm_plan.wgmma_tm_plan(64, 2560, 384, sms=132, split=2)
+    assert gemm_plan.wgmma_tm_plan(40, 6144, 2560, sms=132, stages=2).stages == 2
+    odd = gemm_plan.wgmma_tm_plan(40, 6144, 2560, sms=132, stages=5, tstages=5)  # rounded down to even counts
     assert (odd.stages, odd.tstages) == (4, 4)
 
 
@@ -377,13 +403,13 @@ def test_wgmma_plan_prefers_cluster_settlement() -> None:
     shrinks the choice."""
     for M in (1, 16):
         for N, K in ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728)):
-            assert kernels.wgmma_plan(M, N, K, sms=132).cluster == 1
-    wo = kernels.wgmma_plan(64, 2560, 4096, sms=132)
+            assert gemm_plan.wgmma_plan(M, N, K, sms=132).cluster == 1
+    wo = gemm_plan.wgmma_plan(64, 2560, 4096, sms=132)
     assert wo.cluster > 1 and wo.grid <= 132 and 20 % (wo.grid // wo.cluster) == 0 and 32 % wo.cluster == 0
-    assert kernels.wgmma_plan(64, 6144, 2560, sms=132).cluster == 1
+    assert gemm_plan.wgmma_plan(64, 6144, 2560, sms=132).cluster == 1
     cap = (0, 132) + (0,) * 7  # no clusters co-schedule: global stream-K
-    assert kernels.wgmma_plan(64, 2560, 4096, sms=132, capacity=cap).cluster == 1
-    assert kernels.wgmma_plan(128, 2560, 4096, sms=132).cluster == 1  # 128-token tiles have no cluster instance
+    assert gemm_plan.wgmma_plan(64, 2560, 4096, sms=132, capacity=cap).cluster == 1
+    assert gemm_plan.wgmma_plan(128, 2560, 4096, sms=132).cluster == 1  # 128-token tiles have no cluster instance
 
 
 def test_wgmma_forced_stages_keep_the_split_and_oversized_plans_are_refused() -> None:
@@ -392,49 +418,49 @@ def test_wgmma_forced_stages_keep_the_split_and_oversized_plans_are_refused() ->
     global plans whose shares would not fit (the launcher checks the plan it actually launches)."""
     for M, N, K in ((64, 19456, 2560), (1, 2560, 4096), (16, 6144, 2560), (64, 2560, 4096)):
         for cluster in (None, 1):
-            p = kernels.wgmma_plan(M, N, K, sms=132, cluster=cluster)
+            p = gemm_plan.wgmma_plan(M, N, K, sms=132, cluster=cluster)
             for st in (1, 2, 3):
-                q = kernels.wgmma_plan(M, N, K, sms=132, stages=st, cluster=cluster)
+                q = gemm_plan.wgmma_plan(M, N, K, sms=132, stages=st, cluster=cluster)
                 assert (q.grid, q.cluster, q.nt, q.iters) == (p.grid, p.cluster, p.nt, p.iters)
                 assert q.stages == max(1, min(st, p.stages), 2 if q.cluster > 1 and q.nt == 64 else 1)
                 assert q.smem <= p.smem
-            assert kernels.scratch_fits(p, N, 132)
-    big = kernels.WgmmaPlan(nt=64, stages=2, grid=3040, smem=0, cluster=1, iters=1)
-    assert not kernels.scratch_fits(big, 19456, 132)
-    assert kernels.scratch_fits(big._replace(cluster=4), 19456, 132)  # cluster plans settle on chip
+            assert gemm.scratch_fits(p, N, 132)
+    big = gemm_plan.WgmmaPlan(nt=64, stages=2, grid=3040, smem=0, cluster=1, iters=1)
+    assert not gemm.scratch_fits(big, 19456, 132)
+    assert gemm.scratch_fits(big._replace(cluster=4), 19456, 132)  # cluster plans settle on chip
 
 
 def test_wgmma_token_slices(monkeypatch: pytest.MonkeyPatch) -> None:
     """Beyond 64 tokens the 128-row kernel takes a 128-token launch only where its plan is one wave of CTAs
     (measured: a two-wave 128-token gate|up was slower than two 64-token launches)."""
-    monkeypatch.setattr(kernels, "_sm_count", lambda index: 132)
-    kernels._wgmma_step.cache_clear()
+    monkeypatch.setattr(gemm, "sm_count", lambda index: 132)
+    gemm.wgmma_step.cache_clear()
     try:
-        assert kernels._wgmma_step(6144, 2560, 0, None, 128) == 128
-        assert kernels._wgmma_step(2560, 4096, 0, None, 128) == 128
-        assert kernels._wgmma_step(19456, 2560, 0, None, 128) == 64
-        assert kernels._wgmma_step(2560, 9728, 0, None, 128) == 64
+        assert gemm.wgmma_step(6144, 2560, 0, None, 128) == 128
+        assert gemm.wgmma_step(2560, 4096, 0, None, 128) == 128
+        assert gemm.wgmma_step(19456, 2560, 0, None, 128) == 64
+        assert gemm.wgmma_step(2560, 9728, 0, None, 128) == 64
     finally:
-        kernels._wgmma_step.cache_clear()
+        gemm.wgmma_step.cache_clear()
 
 
 @GPU
 @pytest.mark.parametrize("M,N,K", [(1, 2560, 9728), (17, 6144, 2560), (128, 200, 384)])
 def test_fp8_gemm_mma_sync_kernel(M: int, N: int, K: int) -> None:
     """The portable mma.sync kernel (GPUs without wgmma) stays correct on Hopper too."""
-    assert _gemm_error(kernels._fp8_gemm_mma, M, N, K) < 1e-2
+    assert _gemm_error(gemm.fp8_gemm_mma, M, N, K) < 1e-2
 
 
 @GPU
 @pytest.mark.parametrize("M,tm", [(1, False), (16, False), (32, False), (64, False), (32, True), (64, True)])
-def test_fp8_gemm_rounds_like_fp32_accumulation(monkeypatch: pytest.MonkeyPatch, M: int, tm: bool) -> None:
+def test_fp8_gemm_rounds_like_fp32_accumulation(switches: Callable[..., None], M: int, tm: bool) -> None:
     """Decode-size GEMMs stay close to an FP32-accumulated product rounded to bf16 (0.25 ulp mean error). FP8 wgmma
     accumulates with reduced precision even inside one instruction, so this is a bound, not exactness: on the H200
     this case measured 0.30 / 0.33 / < 0.32 ulp at M = 1 / 16 / 32 with four accumulators per K block (one
     accumulator measured 0.32-0.43 on S2-Pro shapes and flipped a greedy token in the FP8 gate, which is the
     stronger guard: tests/test_quant.py::test_gate_on_gpu_kernels). 32 and 64 tokens run the 64-row kernel with
     two accumulators per K block, or (tm, RTTS_GEMM_TM=1) the token-major kernel, also with two."""
-    monkeypatch.setenv("RTTS_GEMM_TM", "1" if tm else "0")
+    switches(gemm_token_major=tm)
     N, K = 2560, 4096
     x, w = _x(M, K, seed=3, device="cuda"), _x(N, K, scale=0.05, seed=4, device="cuda")
     wq, sw = ref.quantize_weight(w)
@@ -454,20 +480,20 @@ def test_fp8_gemm_rounds_like_fp32_accumulation(monkeypatch: pytest.MonkeyPatch,
 def test_fp8_gemm_stream_k_is_deterministic_and_resets(stages: int, M: int, rows: int) -> None:
     """Tiles shared by several CTAs are summed in a fixed order and their counters end at zero, so repeated calls
     and graph replays give identical bits; with both tile heights (64: fp8_gemm_wgmma64, 128: fp8_gemm_wgmma)."""
-    if not kernels._use_wgmma(torch.device("cuda")):
+    if not gemm.uses_wgmma(torch.device("cuda")):
         pytest.skip("no wgmma on this GPU")
     N, K = 2560, 9728  # 20 tiles x 76 K blocks: most tiles are split across CTAs
     x, w = _x(M, K, seed=7, device="cuda"), _x(N, K, scale=0.05, seed=8, device="cuda")
     wq, sw = ref.quantize_weight(w)
     xq, sx = ref.quantize_1x128(x)
     wp = kernels.pack_weight(wq)
-    first = kernels._fp8_gemm_wgmma(xq, sx, wp, sw, stages=stages, cluster=1, rows=rows)
-    assert kernels._plan(M, N, K, 0, stages, 1, rows).rows == rows
+    first = gemm.fp8_gemm_wgmma(xq, sx, wp, sw, stages=stages, cluster=1, rows=rows)
+    assert gemm.plan_gemm(M, N, K, 0, stages, 1, rows).rows == rows
     for _ in range(3):
-        assert torch.equal(kernels._fp8_gemm_wgmma(xq, sx, wp, sw, stages=stages, cluster=1, rows=rows), first)
+        assert torch.equal(gemm.fp8_gemm_wgmma(xq, sx, wp, sw, stages=stages, cluster=1, rows=rows), first)
     r = ref.fp8_gemm(xq, sx, wq, sw).float()
     assert (first.float() - r).abs().max() / r.abs().max() < 1e-2
-    sk = kernels._streamk(torch.device("cuda"), kernels._sm_count(0))
+    sk = gemm.streamk_scratch(torch.device("cuda"))
     assert int(sk.counters.abs().sum()) == 0
 
 
@@ -476,7 +502,7 @@ def test_fp8_gemm_64_rows_interleaved_plans_share_the_scratch() -> None:
     """Plans of other shapes and token counts park shares in the same stream-K slots and count on the same counters
     in between, yet every call sums only its own launch's shares: the same bits as its first call, the product, and
     every counter back at zero."""
-    if not kernels._use_wgmma(torch.device("cuda")):
+    if not gemm.uses_wgmma(torch.device("cuda")):
         pytest.skip("no wgmma on this GPU")
     cases = []
     for i, (M, N, K) in enumerate([(40, 2560, 9728), (64, 6144, 2560), (17, 2560, 4096), (128, 19456, 2560),
@@ -485,15 +511,15 @@ def test_fp8_gemm_64_rows_interleaved_plans_share_the_scratch() -> None:
         wq, sw = ref.quantize_weight(w)
         xq, sx = ref.quantize_1x128(x)
         wp = kernels.pack_weight(wq)
-        assert kernels._plan(M, N, K, 0, cluster=1, rows=64).rows == 64
-        first = kernels._fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1, rows=64)
+        assert gemm.plan_gemm(M, N, K, 0, cluster=1, rows=64).rows == 64
+        first = gemm.fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1, rows=64)
         r = ref.fp8_gemm(xq, sx, wq, sw).float()
         assert (first.float() - r).abs().max() / r.abs().max() < 1e-2, (M, N, K)
         cases.append((xq, sx, wp, sw, first))
     for _ in range(4):
         for xq, sx, wp, sw, first in cases:
-            assert torch.equal(kernels._fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1, rows=64), first)
-    sk = kernels._streamk(torch.device("cuda"), kernels._sm_count(0))
+            assert torch.equal(gemm.fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1, rows=64), first)
+    sk = gemm.streamk_scratch(torch.device("cuda"))
     assert int(sk.counters.abs().sum()) == 0
 
 
@@ -504,21 +530,21 @@ def test_fp8_gemm_64_rows_interleaved_plans_share_the_scratch() -> None:
 def test_fp8_gemm_every_split_is_correct_and_deterministic(cluster: int, M: int, N: int, K: int) -> None:
     """Every split the planner can pick (global stream-K, clusters of 2-8 CTAs settled in distributed shared memory)
     computes the product, the same bits on every call; 128 x 16384 splits its one tile over 128 CTAs."""
-    if not kernels._use_wgmma(torch.device("cuda")):
+    if not gemm.uses_wgmma(torch.device("cuda")):
         pytest.skip("no wgmma on this GPU")
     try:
-        kernels._plan(M, N, K, 0, cluster=cluster)
+        gemm.plan_gemm(M, N, K, 0, cluster=cluster)
     except ValueError:
         pytest.skip(f"no plan with clusters of {cluster} for {M}x{N}x{K}")
     x, w = _x(M, K, seed=M + 40, device="cuda"), _x(N, K, scale=0.05, seed=N + 41, device="cuda")
     wq, sw = ref.quantize_weight(w)
     xq, sx = ref.quantize_1x128(x)
     wp = kernels.pack_weight(wq)
-    first = kernels._fp8_gemm_wgmma(xq, sx, wp, sw, cluster=cluster)
+    first = gemm.fp8_gemm_wgmma(xq, sx, wp, sw, cluster=cluster)
     r = ref.fp8_gemm(xq, sx, wq, sw).float()
     assert (first.float() - r).abs().max() / r.abs().max() < 1e-2
     for _ in range(2):
-        assert torch.equal(kernels._fp8_gemm_wgmma(xq, sx, wp, sw, cluster=cluster), first)
+        assert torch.equal(gemm.fp8_gemm_wgmma(xq, sx, wp, sw, cluster=cluster), first)
 
 
 @GPU
@@ -528,25 +554,25 @@ def test_fp8_gemm_every_split_is_correct_and_deterministic(cluster: int, M: int,
 def test_fp8_gemm_both_tile_heights(rows: int, M: int, N: int, K: int) -> None:
     """The 64-row kernel (one warpgroup, tokens through the ring by tensor-map TMA, rows past M zero-filled by the copy
     engine) and the 128-row one compute the same product, the same bits on every call, on odd sizes too."""
-    if not kernels._use_wgmma(torch.device("cuda")):
+    if not gemm.uses_wgmma(torch.device("cuda")):
         pytest.skip("no wgmma on this GPU")
     from rtts.kernels import _jit
 
     if rows == 64 and not _jit.tensor_maps_available():
         pytest.skip("the 64-row kernel needs the driver's tensor maps")
-    plan = kernels._plan(M, N, K, 0, cluster=1, rows=rows)
+    plan = gemm.plan_gemm(M, N, K, 0, cluster=1, rows=rows)
     assert plan.rows == rows  # the kernel under test is the one that runs
-    if not kernels.scratch_fits(plan, N, kernels._sm_count(0)):
+    if not gemm.scratch_fits(plan, N, sm_count(0)):
         pytest.skip("this plan's shares do not fit the stream-K scratch (fp8_gemm would slice the tokens)")
     x, w = _x(M, K, seed=M + 60, device="cuda"), _x(N, K, scale=0.05, seed=N + 61, device="cuda")
     wq, sw = ref.quantize_weight(w)
     xq, sx = ref.quantize_1x128(x)
     wp = kernels.pack_weight(wq)
-    first = kernels._fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1, rows=rows)
+    first = gemm.fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1, rows=rows)
     r = ref.fp8_gemm(xq, sx, wq, sw).float()
     assert (first.float() - r).abs().max() / r.abs().max() < 1e-2
     for _ in range(2):
-        assert torch.equal(kernels._fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1, rows=rows), first)
+        assert torch.equal(gemm.fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1, rows=rows), first)
 
 
 @GPU
@@ -568,20 +594,20 @@ def test_fp8_gemm_token_major_kernel(M: int, N: int, K: int, sms: int, split: in
     bits on every call and from a CUDA graph."""
     from rtts.kernels import _jit
 
-    if not kernels._use_wgmma(torch.device("cuda")) or not _jit.tensor_maps_available():
+    if not gemm.uses_wgmma(torch.device("cuda")) or not _jit.tensor_maps_available():
         pytest.skip("no wgmma or no tensor maps on this GPU")
-    plan = kernels.wgmma_tm_plan(M, N, K, sms, stages, split)
+    plan = gemm_plan.wgmma_tm_plan(M, N, K, sms, stages, split)
     assert plan.cluster == split and (stages is None or plan.stages == stages)
     x, w = _x(M, K, seed=M + 70, device="cuda"), _x(N, K, scale=0.05, seed=N + 71, device="cuda")
     wq, sw = ref.quantize_weight(w)
     xq, sx = ref.quantize_1x128(x)
     wp = kernels.pack_weight(wq)
-    first = kernels.launch_wgmma(plan, xq, sx, wp, sw)
+    first = gemm.launch_wgmma(plan, xq, sx, wp, sw)
     r = ref.fp8_gemm(xq, sx, wq, sw).float()
     assert (first.float() - r).abs().max() / r.abs().max() < 1e-2
     for _ in range(2):
-        assert torch.equal(kernels.launch_wgmma(plan, xq, sx, wp, sw), first)
-    g, out = _capture(lambda: kernels.launch_wgmma(plan, xq, sx, wp, sw))
+        assert torch.equal(gemm.launch_wgmma(plan, xq, sx, wp, sw), first)
+    g, out = _capture(lambda: gemm.launch_wgmma(plan, xq, sx, wp, sw))
     for _ in range(2):
         g.replay()
         torch.cuda.synchronize()
@@ -591,23 +617,22 @@ def test_fp8_gemm_token_major_kernel(M: int, N: int, K: int, sms: int, split: in
 @GPU
 @pytest.mark.parametrize("M", [1, 3, 16])
 @pytest.mark.parametrize("N,K", [(6144, 2560), (2560, 4096), (2560, 9728), (19456, 2560), (256, 384)])
-def test_fp8_gemm_lean_tma_tokens_give_the_same_bits(monkeypatch: pytest.MonkeyPatch, M: int, N: int, K: int) -> None:
+def test_fp8_gemm_lean_tma_tokens_give_the_same_bits(switches: Callable[..., None], M: int, N: int, K: int) -> None:
     """The lean instances' tokens by tensor-map TMA (the default) give the same bits as by cp.async
     (RTTS_GEMM_TMA_TOKENS=0) on the same plan, eagerly and replayed from a graph, and the split-tile counters end at
     zero."""
     from rtts.kernels import _jit
 
-    if not kernels._use_wgmma(torch.device("cuda")) or not _jit.tensor_maps_available():
+    if not gemm.uses_wgmma(torch.device("cuda")) or not _jit.tensor_maps_available():
         pytest.skip("no wgmma or no tensor maps on this GPU")
     x, w = _x(M, K, seed=M + 40, device="cuda"), _x(N, K, scale=0.05, seed=N + 41, device="cuda")
     wq, sw = ref.quantize_weight(w)
     xq, sx = ref.quantize_1x128(x)
     wp = kernels.pack_weight(wq)
-    monkeypatch.setenv("RTTS_GEMM_TM", "0")  # wqkv at 9-16 tokens would plan the token-major kernel
-    assert kernels._plan(M, N, K, 0).rows == 128
-    monkeypatch.setenv("RTTS_GEMM_TMA_TOKENS", "0")
-    want = kernels.fp8_gemm(xq, sx, wp, sw)
-    monkeypatch.delenv("RTTS_GEMM_TMA_TOKENS")
+    switches(gemm_token_major=False)  # wqkv at 9-16 tokens would plan the token-major kernel
+    assert gemm.plan_gemm(M, N, K, 0).rows == 128
+    with env.override_kernel_switches(gemm_tma_tokens=False):
+        want = kernels.fp8_gemm(xq, sx, wp, sw)
     for _ in range(3):
         assert torch.equal(kernels.fp8_gemm(xq, sx, wp, sw), want)
     g, out = _capture(lambda: kernels.fp8_gemm(xq, sx, wp, sw))
@@ -615,29 +640,29 @@ def test_fp8_gemm_lean_tma_tokens_give_the_same_bits(monkeypatch: pytest.MonkeyP
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, want)
-    assert int(kernels._streamk(torch.device("cuda"), kernels._sm_count(0)).counters.abs().sum()) == 0
+    assert int(gemm.streamk_scratch(torch.device("cuda")).counters.abs().sum()) == 0
 
 
 @GPU
 # the 128-row (lean) kernel with its tokens by TMA (the default) or cp.async, the 64-row and the token-major kernel
 @pytest.mark.parametrize("M,tma,tm", [(3, True, False), (3, False, False), (16, True, False), (40, True, False),
                                       (40, True, True)])
-def test_fp8_gemm_pdl_chain(monkeypatch: pytest.MonkeyPatch, M: int, tma: bool, tm: bool) -> None:
+def test_fp8_gemm_pdl_chain(switches: Callable[..., None], M: int, tma: bool, tm: bool) -> None:
     """GEMMs launched with programmatic dependent launch start while the previous kernel finishes: a chain where
     each GEMM reads the previous one's output (through the quantize kernel) gives the same bits with and without
     PDL, eagerly and replayed from a CUDA graph (the lean kernel with its tokens by TMA, read after
     griddepcontrol.wait by the producer thread, and by cp.async; the 64-row and the token-major kernel at 40)."""
-    if not kernels._use_wgmma(torch.device("cuda")):
+    if not gemm.uses_wgmma(torch.device("cuda")):
         pytest.skip("no wgmma on this GPU")
     if not tma:
-        monkeypatch.setenv("RTTS_GEMM_TMA_TOKENS", "0")
+        switches(gemm_tma_tokens=False)
     ws = [ref.quantize_weight(_x(2560, 2560, scale=0.03, seed=20 + i, device="cuda")) for i in range(6)]
     ws = [(kernels.pack_weight(q), s) for q, s in ws]
     from rtts.kernels import _jit
 
-    monkeypatch.setenv("RTTS_GEMM_TM", "1" if tm else "0")
+    switches(gemm_token_major=tm)
     if M > 16 and _jit.tensor_maps_available():  # the chain runs the 64-row or the token-major kernel
-        p = kernels._plan(M, 2560, 2560, 0)
+        p = gemm.plan_gemm(M, 2560, 2560, 0)
         assert p.token_major if tm else (p.rows == 64 and not p.token_major)
     x0 = _x(M, 2560, seed=30, device="cuda")
 
@@ -647,9 +672,8 @@ def test_fp8_gemm_pdl_chain(monkeypatch: pytest.MonkeyPatch, M: int, tma: bool, 
             h = kernels.fp8_linear(h, wp, sw)
         return h
 
-    monkeypatch.setenv("RTTS_NO_PDL", "1")
-    plain = chain()
-    monkeypatch.delenv("RTTS_NO_PDL")
+    with env.override_kernel_switches(no_pdl=True):
+        plain = chain()
     assert torch.equal(chain(), plain)
     g, out = _capture(chain, warm=True)
     for _ in range(3):
@@ -684,8 +708,8 @@ def test_decode_attention_split_merge_is_deterministic_and_replays(B: int, fused
     them) and the bits must not depend on which CTA merged. A graph captured once serves new lengths, down to one
     key (every later split empty)."""
     L, n_kv, G, D = 2048, 8, 4, 128
-    S, _ = kernels.attention_splits(B, n_kv, L, kernels._sm_count(0))
-    assert S > 1 and kernels.attention_fuses(B, n_kv, S, kernels._sm_count(0)) == fused
+    S, _ = attention.attention_splits(B, n_kv, L, sm_count(0))
+    assert S > 1 and attention.attention_fuses(B, n_kv, S, sm_count(0)) == fused
     q = _x(B, n_kv * G, D, seed=5, device="cuda")
     kc, vc = _x(B + 1, L, n_kv, D, seed=6, device="cuda"), _x(B + 1, L, n_kv, D, seed=7, device="cuda")
     slots = torch.arange(1, B + 1, device="cuda")
@@ -693,7 +717,7 @@ def test_decode_attention_split_merge_is_deterministic_and_replays(B: int, fused
     first = kernels.decode_attention(q, kc, vc, slots, lens)
     for _ in range(5):
         assert torch.equal(kernels.decode_attention(q, kc, vc, slots, lens), first)
-    assert not kernels._streamk(torch.device("cuda"), kernels._sm_count(0)).att_counters.any()
+    assert not gemm.streamk_scratch(torch.device("cuda")).att_counters.any()
     kernels.warmup(torch.device("cuda"))
     g, out = _capture(lambda: kernels.decode_attention(q, kc, vc, slots, lens))
     for n in (L, 1, 63, 64, 65, 1000, L):
@@ -703,30 +727,30 @@ def test_decode_attention_split_merge_is_deterministic_and_replays(B: int, fused
         r = ref.decode_attention(q, kc, vc, slots, lens).float()
         assert (out.float() - r).abs().max() < 2e-2, n
     assert torch.equal(out, first)
-    assert not kernels._streamk(torch.device("cuda"), kernels._sm_count(0), for_graphs=True).att_counters.any()
+    assert not gemm.streamk_scratch(torch.device("cuda"), for_graphs=True).att_counters.any()
 
 
 def test_attention_fuses_the_merge_only_for_one_wave_of_enough_splits() -> None:
     sms = 132
-    assert kernels.attention_fuses(1, 8, 32, sms) and kernels.attention_fuses(1, 8, 8, sms)
-    assert not kernels.attention_fuses(16, 8, 3, sms)  # too few splits: the second launch was faster
-    assert not kernels.attention_fuses(12, 8, 8, sms)  # 768 CTAs: two waves
-    assert not kernels.attention_fuses(1, 8, 1, sms)
+    assert attention.attention_fuses(1, 8, 32, sms) and attention.attention_fuses(1, 8, 8, sms)
+    assert not attention.attention_fuses(16, 8, 3, sms)  # too few splits: the second launch was faster
+    assert not attention.attention_fuses(12, 8, 8, sms)  # 768 CTAs: two waves
+    assert not attention.attention_fuses(1, 8, 1, sms)
 
 
 def test_attention_splits_are_bounded() -> None:
     """The merging CTA holds 2 x splits x G floats in its pipeline memory: the planner never exceeds the cap."""
     for B, n_kv, L in [(1, 1, 1 << 16), (1, 8, 1 << 15), (64, 8, 2048), (1, 8, 1)]:
-        S, chunk = kernels.attention_splits(B, n_kv, L)
-        assert 1 <= S <= kernels._ATT_MAX_SPLITS and S * chunk >= L and (S - 1) * chunk < L
-    assert 2 * kernels._ATT_MAX_SPLITS * 8 * 4 <= kernels.attention_smem_bytes(64)
+        S, chunk = attention.attention_splits(B, n_kv, L)
+        assert 1 <= S <= attention.MAX_SPLITS and S * chunk >= L and (S - 1) * chunk < L
+    assert 2 * attention.MAX_SPLITS * 8 * 4 <= attention.attention_smem_bytes(64)
 
 
 def test_attention_splits_on_the_h200_shapes() -> None:
     """S2-Pro's 8 KV heads on 132 SMs: the split counts that measured fastest (bench/probes/attention_variants.py,
     session 15): one wave, 64-key tiles at 512 keys and two per split at 2048 for one stream (merging 32 splits cost
     more than streaming a second tile), two splits from 16 streams, none from 64."""
-    picks = {(B, L): kernels.attention_splits(B, 8, L, 132)[0] for B in (1, 16, 64) for L in (512, 2048)}
+    picks = {(B, L): attention.attention_splits(B, 8, L, 132)[0] for B in (1, 16, 64) for L in (512, 2048)}
     assert picks == {(1, 512): 8, (1, 2048): 16, (16, 512): 2, (16, 2048): 2, (64, 512): 1, (64, 2048): 1}
 
 
@@ -744,7 +768,7 @@ def test_token_window_kernel() -> None:
 
 @GPU
 @pytest.mark.parametrize("B,C,L", [(1, 1536, 32), (3, 96, 16384), (2, 7, 13), (64, 768, 257), (1, 1, 1)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_snake_kernel(B: int, C: int, L: int, dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(B * C + L)
     x = (torch.randn(B, C, L, generator=g) * 3).to(dtype).cuda()
@@ -764,7 +788,7 @@ def test_snake_kernel(B: int, C: int, L: int, dtype: torch.dtype) -> None:
 
 
 @GPU
-def test_codec_decode_with_the_snake_kernel_matches_the_torch_expression(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_codec_decode_with_the_snake_kernel_matches_the_torch_expression() -> None:
     from rtts.model.codec import CodecConfig, codec_from_state_dict, random_codec_state_dict
 
     cfg = CodecConfig.release()
@@ -776,8 +800,8 @@ def test_codec_decode_with_the_snake_kernel_matches_the_torch_expression(monkeyp
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     try:
         fast = codec.decode(codes)
-        monkeypatch.setenv("RTTS_REFERENCE_KERNELS", "1")
-        slow = codec.decode(codes)
+        with env.override_kernel_switches(reference_kernels=True):
+            slow = codec.decode(codes)
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.testing.assert_close(fast, slow, rtol=0, atol=1e-4)
@@ -801,19 +825,19 @@ def test_graph_families_get_their_own_gemm_scratch() -> None:
     default family): the two threads replay concurrently. The family is per thread and restored on exit."""
     import threading
 
-    default = kernels._graph_scratch_key(0)
+    default = gemm.graph_scratch_key(0)
     with kernels.graph_scratch("frame-zero"):
-        inside = kernels._graph_scratch_key(0)
+        inside = gemm.graph_scratch_key(0)
         other: list[tuple[int, int, bool, str]] = []
-        t = threading.Thread(target=lambda: other.append(kernels._graph_scratch_key(0)))
+        t = threading.Thread(target=lambda: other.append(gemm.graph_scratch_key(0)))
         t.start()
         t.join()
         with kernels.graph_scratch("nested"):
-            assert kernels._graph_scratch_key(0)[3] == "nested"
-        assert kernels._graph_scratch_key(0) == inside
+            assert gemm.graph_scratch_key(0)[3] == "nested"
+        assert gemm.graph_scratch_key(0) == inside
     assert inside != default and inside[3] == "frame-zero"
     assert other == [default]
-    assert kernels._graph_scratch_key(0) == default
+    assert gemm.graph_scratch_key(0) == default
 
 
 def test_launch_arguments_are_packed_as_the_kernel_reads_them() -> None:

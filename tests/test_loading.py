@@ -101,9 +101,9 @@ def test_garbage_weights_file(s2_dir: Path) -> None:
     assert "model.safetensors" in str(_error(s2_dir))
 
 
-def test_missing_shard(golden: Path, tmp_path: Path) -> None:
+def test_missing_shard(tiny_s2_sharded: Path, tmp_path: Path) -> None:
     files = ["config.json", "model.safetensors.index.json", "model-00001-of-00002.safetensors", "tokenizer.json"]
-    d = _copy(golden / "tiny-s2-sharded", tmp_path / "sh", files)
+    d = _copy(tiny_s2_sharded, tmp_path / "sh", files)
     assert "model-00002-of-00002.safetensors" in str(_error(d))
 
 

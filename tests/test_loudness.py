@@ -10,7 +10,7 @@ import pytest
 from rtts.audio import loudness as L
 from rtts.audio.encode import OutputSpec, StreamEncoder
 from rtts.session import output_spec
-from rtts.ws.protocol import parse_request
+from rtts.ws.parse import parse_request
 
 SR = 44100
 

@@ -24,23 +24,23 @@ S2_CASES = ["case0_noref", "case1_ref", "case2_speaker_nonascii", "case3_two_bat
 S1_CASES = ["case0_noref", "case1_ref", "case2_nonascii", "case3_two_refs"]
 
 
-def _load(golden: Path, name: str) -> LoadedModel:
-    return load_model(golden / name, dtype=torch.float32)
+def _load(checkpoint: Path) -> LoadedModel:
+    return load_model(checkpoint, dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")
 def s2(golden: Path) -> LoadedModel:
-    return _load(golden, "tiny-s2")
+    return _load(golden / "tiny-s2")
 
 
 @pytest.fixture(scope="module")
-def s2_sharded(golden: Path) -> LoadedModel:
-    return _load(golden, "tiny-s2-sharded")
+def s2_sharded(tiny_s2_sharded: Path) -> LoadedModel:
+    return _load(tiny_s2_sharded)
 
 
 @pytest.fixture(scope="module")
 def s1(golden: Path) -> LoadedModel:
-    return _load(golden, "tiny-s1")
+    return _load(golden / "tiny-s1")
 
 
 def _cases(fixtures: Path) -> dict[str, dict[str, Any]]:

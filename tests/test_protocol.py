@@ -10,26 +10,21 @@ from typing import Any
 import ormsgpack
 import pytest
 
+from rtts.request import OPUS_AUTO, Limits, Prosody, Reference, TTSRequest
+from rtts.ws.parse import ProtocolError, parse_request
 from rtts.ws.protocol import (
-    OPUS_AUTO,
     AlignedText,
     CancelEvent,
     FlushEvent,
-    Limits,
-    Prosody,
-    ProtocolError,
-    Reference,
     StartEvent,
     StopEvent,
     TextEvent,
-    TTSRequest,
     alignment_fields,
     audio_event,
     decode_client_message,
     decode_http_body,
     error_json,
     finish_event,
-    parse_request,
     server_event,
 )
 

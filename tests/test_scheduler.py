@@ -409,16 +409,16 @@ def test_prefill_padding_to_graph_buckets_changes_no_real_row(tiny: LoadedModel)
     padded items on the scratch slot and attending over the whole cache (kv_len = max_ctx + 1), gives the real rows
     the same hidden states and writes the real slots the same K/V as the exact-size forward."""
     from rtts.engine.engine import PrefillItem
-    from rtts.engine.graphs import PrefillRunner
+    from rtts.engine.graphs.prefill import PrefillRunner
 
     eng = Engine(tiny, max_slots=4, max_ctx=256)
-    runner = PrefillRunner(eng, use_graphs=False)
+    runner = PrefillRunner(eng)
     # Items capped by the slots; lengths by the context (no 512 at max_ctx 256); one span: the whole cache.
     assert runner.buckets == [1, 2, 4] and runner.lengths == (16, 32, 64, 128, 256) and runner.spans == [257]
-    assert eng.prefill_graphs is None  # nothing captured on the CPU: prefill_batch never asks the runner
+    assert eng.prefill_runner is None  # nothing captured on the CPU: prefill_batch never asks a runner
     assert runner.bucket(3, 13, 40) == (4, 16, 257) and runner.bucket(4, 128, 200) == (4, 128, 257)
     assert runner.bucket(1, 257, 257) is None and runner.bucket(5, 16, 20) is None
-    wide = PrefillRunner(Engine(tiny, max_slots=8, max_ctx=2048), use_graphs=False, max_positions=2048)
+    wide = PrefillRunner(Engine(tiny, max_slots=8, max_ctx=2048), max_positions=2048)
     assert wide.spans == [1024, 2049] and wide.bucket(8, 256, 900) == (8, 256, 1024)
     assert wide.bucket(5, 512, 600) is None and wide.bucket(4, 300, 1500) == (4, 512, 2049)
     assert wide.bucket(1, 600, 700) is None  # longer than the longest captured chunk

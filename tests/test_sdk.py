@@ -10,7 +10,6 @@ import asyncio
 import io
 import struct
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,20 +18,10 @@ import pytest
 import soundfile as sf
 from fishaudio import AsyncFishAudio, FishAudio, FlushEvent, ReferenceAudio, TTSConfig
 from fishaudio.exceptions import APIError, NotFoundError, WebSocketError
-from liveserver import LiveServer, ShortLegacyRequest, decode_audio, free_port, reference_wav, short_legacy_websocket
-
-from rtts.ws.runtime import ServerConfig
+from liveserver import LiveServer, ShortLegacyRequest, decode_audio, short_legacy_websocket
 
 TEXTS: list[Any] = ["Hello, ", "world. ", FlushEvent(), "Bye."]
 SHORT = TTSConfig(max_new_tokens=12)
-
-
-@pytest.fixture(scope="module")
-def srv(golden: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    s = LiveServer(ServerConfig(checkpoint=str(golden / "tiny-s2"), port=free_port(), max_running=4, max_ctx=2048,
-                                voices_dir=str(tmp_path_factory.mktemp("voices"))))
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +29,6 @@ def client(srv: LiveServer) -> Iterator[FishAudio]:
     c = FishAudio(api_key="anything", base_url=srv.http)
     yield c
     c.close()
-
-
-@pytest.fixture(scope="module")
-def ref_wav(golden: Path) -> bytes:
-    return reference_wav(golden)
 
 
 def _config(fmt: str, rate: int | None) -> TTSConfig:
@@ -183,8 +167,8 @@ def test_legacy_async_websocket_session(srv: LiveServer, monkeypatch: pytest.Mon
 def test_legacy_http_session(srv: LiveServer) -> None:
     from fish_audio_sdk import Session
 
-    s = Session("anything", base_url=srv.http)
-    data = b"".join(s.tts(ShortLegacyRequest(text="Legacy HTTP request.", format="wav")))
+    with Session("anything", base_url=srv.http) as s:
+        data = b"".join(s.tts(ShortLegacyRequest(text="Legacy HTTP request.", format="wav")))
     check_audio(data, "wav", 44100)
 
 
@@ -202,11 +186,11 @@ def test_legacy_cloning_and_errors(srv: LiveServer, ref_wav: bytes, monkeypatch:
             b"".join(ws.tts(ShortLegacyRequest(text="", format="pcm", reference_id="no-such-voice"),
                             iter(["Nobody."])))
     check_audio(pcm, "pcm", 24000)
-    s = Session("anything", base_url=srv.http)
-    check_audio(b"".join(s.tts(ShortLegacyRequest(text="Cloned over HTTP.", format="wav", references=refs))),
-                "wav", 44100)
-    with pytest.raises(HttpCodeErr) as err:
-        b"".join(s.tts(ShortLegacyRequest(text="Nobody.", format="wav", reference_id="no-such-voice")))
+    with Session("anything", base_url=srv.http) as s:
+        check_audio(b"".join(s.tts(ShortLegacyRequest(text="Cloned over HTTP.", format="wav", references=refs))),
+                    "wav", 44100)
+        with pytest.raises(HttpCodeErr) as err:
+            b"".join(s.tts(ShortLegacyRequest(text="Nobody.", format="wav", reference_id="no-such-voice")))
     assert err.value.status == 400  # (the legacy SDK reports the reason phrase, not the JSON message)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rtts.session_text import Segmenter
+from rtts.segmenter import Segmenter
 
 
 def stream(seg: Segmenter, pieces: list[str]) -> list[list[str]]:

@@ -16,7 +16,7 @@ from rtts.audio.encode import TAIL_PAD_SECONDS
 from rtts.pingpong.outbox import AudioChunk, TurnEnd
 from rtts.session import TAIL_IDLE_SECONDS, Session
 from rtts.types import FinishReason
-from rtts.ws.protocol import parse_request
+from rtts.ws.parse import parse_request
 
 SR = 44100
 
@@ -170,7 +170,7 @@ def test_a_new_stream_takes_back_one_idle_stream_at_a_time(delay: float) -> None
     from types import SimpleNamespace
 
     from rtts.pingpong import NoSlotError
-    from rtts.ws.runtime import Runtime
+    from rtts.runtime import Runtime
 
     free_at: list[float] = []  # when slots given back come free
     taken: list[int] = []
@@ -201,7 +201,7 @@ def test_a_voice_change_waits_for_its_own_slot() -> None:
     from types import SimpleNamespace
 
     from rtts.pingpong import NoSlotError
-    from rtts.ws.runtime import Runtime
+    from rtts.runtime import Runtime
 
     own_free_at = time.monotonic() + 0.25
     taken: list[int] = []
@@ -228,9 +228,9 @@ def test_a_slot_pending_elsewhere_does_not_block_taking_one_back_for_long() -> N
     from collections import OrderedDict
     from types import SimpleNamespace
 
+    from rtts import runtime
     from rtts.pingpong import NoSlotError
-    from rtts.ws import runtime
-    from rtts.ws.runtime import Runtime
+    from rtts.runtime import Runtime
 
     free_at: list[float] = []
     taken: list[int] = []

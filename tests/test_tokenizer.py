@@ -14,8 +14,8 @@ import pytest
 from conftest import GOLDEN  # one place decides where the fixtures are
 
 from rtts.model.errors import CheckpointError
-from rtts.model.random_tokenizer import write_s1_tokenizer, write_s2_tokenizer
 from rtts.model.tokenizer import FishTokenizer, load_tokenizer
+from rtts.tools.random_tokenizer import write_s1_tokenizer, write_s2_tokenizer
 
 S2_DIR = GOLDEN / "tiny-s2"
 S1_DIR = GOLDEN / "tiny-s1"
@@ -307,6 +307,8 @@ def test_random_s2_small_matches_golden_ids(tmp_path: Path, s2: FishTokenizer) -
     golden = json.loads((S2_DIR / "tokenizer.json").read_text(encoding="utf-8"))
     for key in ("normalizer", "pre_tokenizer", "post_processor", "decoder"):
         assert mine[key] == golden[key]
+    model_options = {k: v for k, v in golden["model"].items() if k not in ("vocab", "merges")}
+    assert {k: v for k, v in mine["model"].items() if k not in ("vocab", "merges")} == model_options
     assert list(mine["model"]["vocab"].items())[:256] == list(golden["model"]["vocab"].items())[:256]
     assert mine["added_tokens"] == golden["added_tokens"]
     assert tok.encode("cafe\u0301") == tok.encode("café")  # NFC applied

@@ -1,62 +1,44 @@
 """Edge cases of `/v1/tts/live`: a client leaving while its session still streams (on a real server with the tiny
-golden checkpoint on CPU, and a Session over a stand-in stream), and a message that cannot be decoded at all arriving
-out of a session."""
+golden checkpoint on CPU, and a Session over a stand-in stream), a message that cannot be decoded at all arriving
+out of a session, and a bad start or message after a session the server ended."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import numpy as np
 import ormsgpack
 import pytest
+from conftest import LONG_TEXT, MAX_MESSAGE, metric
 from liveserver import (
     FLUSH,
     STOP,
     LiveServer,
     expect_error,
-    free_port,
     recv_event,
     session,
     start_msg,
     text_msg,
+    until_finish,
 )
+from websockets.sync.client import ClientConnection
 
 from rtts.pingpong.outbox import AudioChunk, TurnEnd
 from rtts.session import ClientGone, Session
 from rtts.types import FinishReason
-from rtts.ws.protocol import Limits, parse_request
-from rtts.ws.runtime import ServerConfig
-
-MAX_MESSAGE = 1 << 16  # low, so an oversized message is cheap to send
-LONG_TEXT = " ".join(f"Sentence number {i} keeps the model busy for a while." for i in range(12))
-
-
-@pytest.fixture(scope="module")
-def srv(golden: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    s = LiveServer(ServerConfig(checkpoint=str(golden / "tiny-s2"), port=free_port(), max_running=4, max_ctx=2048,
-                                voices_dir=str(tmp_path_factory.mktemp("voices")),
-                                limits=Limits(max_message_bytes=MAX_MESSAGE)))
-    yield s
-    s.stop()
-
-
-def _metric(srv: LiveServer, name: str) -> float:
-    text = httpx.get(srv.http + "/metrics").text
-    return float(next(line for line in text.splitlines() if line.startswith(name + " ")).split()[-1])
+from rtts.ws.parse import parse_request
 
 
 def _wait_released(srv: LiveServer, timeout: float = 10.0) -> None:
     """Until no connection, session or stream is left and every slot is free (closing is asynchronous)."""
     deadline = time.monotonic() + timeout
     names = ("rtts_open_connections", "rtts_active_sessions", "rtts_open_streams", "rtts_running_streams")
-    while any(_metric(srv, name) for name in names):
-        assert time.monotonic() < deadline, {name: _metric(srv, name) for name in names}
+    while any(metric(srv, name) for name in names):
+        assert time.monotonic() < deadline, {name: metric(srv, name) for name in names}
         time.sleep(0.02)
     srv.wait_idle(timeout)
 
@@ -73,7 +55,7 @@ def test_a_client_leaving_mid_stream_ends_its_session_quietly(srv: LiveServer, c
     one that finds the socket closed: its send raises there."""
     caplog.set_level(logging.INFO)
     _wait_released(srv)
-    errors_before = _metric(srv, "rtts_session_errors_total")
+    errors_before = metric(srv, "rtts_session_errors_total")
     for _ in range(3):
         with srv.connect() as ws:
             ws.send(start_msg(sample_rate=8000, max_new_tokens=200))
@@ -86,7 +68,7 @@ def test_a_client_leaving_mid_stream_ends_its_session_quietly(srv: LiveServer, c
         _wait_released(srv)
     failed = [r for r in caplog.records if r.getMessage() == "session failed" or r.exc_info]
     assert not failed, [(r.name, r.getMessage(), r.exc_info) for r in failed]
-    assert _metric(srv, "rtts_session_errors_total") == errors_before
+    assert metric(srv, "rtts_session_errors_total") == errors_before
 
 
 class ToneStream:
@@ -188,3 +170,51 @@ def test_a_bad_text_out_of_a_session_is_not_a_refused_start(srv: LiveServer) -> 
         assert fin == {"event": "finish", "reason": "stop"} and audio
     _wait_released(srv)
 
+
+
+# -------------------------------------------------------------------- refused starts after a session the server ended
+
+
+def _nothing_more(ws: ClientConnection) -> None:
+    with pytest.raises(TimeoutError):
+        ws.recv(timeout=1.0)
+
+
+def test_a_bad_start_mid_session_ends_it_and_its_stop_returns_to_it(srv: LiveServer) -> None:
+    """A bad start while a session is active ends that session with the start's error (the one finish for both);
+    the text and flush sent for the refused start get nothing. Once the client stops the refused start, the session
+    it ended is one the server ended: a flush resumes it with its own start request."""
+    with srv.connect() as ws:
+        ws.send(start_msg(sample_rate=8000, max_new_tokens=4))
+        ws.send(start_msg(format="flac"))
+        expect_error(ws, "format")
+        ws.send(text_msg("For the refused start."))
+        ws.send(FLUSH)
+        ws.send(STOP)
+        _nothing_more(ws)
+        ws.send(text_msg("The first session goes on."))
+        ws.send(FLUSH)
+        assert recv_event(ws)["event"] == "audio"
+        ws.send(STOP)
+        assert until_finish(ws)[1] == {"event": "finish", "reason": "stop"}
+    _wait_released(srv)
+
+
+def test_an_undecodable_message_after_an_ended_session_is_a_refused_start(srv: LiveServer) -> None:
+    """After a session the server ended (here by a bad message) the socket is out of a session: a message naming no
+    event is the client's start, refused, and what the client sends for it gets nothing until its stop."""
+    with srv.connect() as ws:
+        ws.send(start_msg(sample_rate=8000, max_new_tokens=4))
+        ws.send(b"\xc1 not msgpack")
+        expect_error(ws, "MessagePack")
+        ws.send(b"\xc1 not msgpack")
+        expect_error(ws, "MessagePack")
+        ws.send(text_msg("For the refused start."))
+        ws.send(FLUSH)
+        ws.send(STOP)
+        _nothing_more(ws)
+        ws.send(FLUSH)  # out of a session now: an error of its own
+        expect_error(ws, "flush", "before", "start")
+        audio, fin = session(ws, ["A good one."], sample_rate=8000, max_new_tokens=4)
+        assert fin == {"event": "finish", "reason": "stop"} and audio
+    _wait_released(srv)

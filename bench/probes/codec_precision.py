@@ -2,14 +2,16 @@
 
     python bench/probes/codec_precision.py OUT [--batches 1,16,64] [--frames 8]
 
-The release codec's shapes with random weights (rtts.model.random_checkpoint.random_model). For each variant the
-streaming decode is captured into CUDA graphs (pingpong/codec_graphs.CodecGraphRunner, as the server runs it) and
-one chunk of `--frames` frames is timed per batch; then 48 frames of fixed random codes for 4 streams are decoded in
-chunks of 8 and compared with the first variant's (SNR in dB over the whole waveform).
-Variants (VARIANTS): precision (strict FP32, TF32 convolutions and/or matmuls, bfloat16 weights and state), the
+The release codec's shapes with random weights (rtts.tools.random_checkpoint.random_model). For each variant the
+streaming decode is captured into CUDA graphs (engine/graphs/codec.CodecGraphRunner, as the server runs it) and
+one chunk of `--frames` frames is timed per batch; then 48 frames of fixed random codes for 4 streams, and the codes
+of 4 voice-like signals (harmonics on a wandering pitch, encoded by the float32 codec), are decoded in chunks of 8
+and compared with the first variant's (SNR in dB over the whole waveform).
+Variants (VARIANTS): precision (strict FP32, TF32 convolutions and/or matmuls, bfloat16 or float16 weights and
+state), the
 Snake activation as cuda/snake.cu or torch's expression, cuDNN autotuning. The first (strict FP32, torch's Snake) is
 what the server ran before the kernel. Also prints the top CUDA kernels of one eager chunk decode at the largest
-batch (torch.profiler) for that first variant and for the one the server runs now (SERVED).
+batch (torch.profiler) for the variant the server runs (SERVED) and for float16.
 Writes OUT/codec-precision-<gpu>-<date>.json and .md.
 """
 
@@ -17,17 +19,18 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from rtts import env
 from rtts.bench.common import environment, write_results
-from rtts.model.codec import Codec
-from rtts.model.random_checkpoint import random_model
-from rtts.pingpong.codec_graphs import CodecGraphRunner
+from rtts.engine.graphs.codec import CodecGraphRunner
+from rtts.model.codec import Codec, encode_audio
+from rtts.tools.random_checkpoint import random_model
 
 
 @dataclass(frozen=True)
@@ -35,27 +38,24 @@ class Variant:
     dtype: torch.dtype = torch.float32
     conv_tf32: bool = False
     matmul_tf32: bool = False
-    snake_kernel: bool = True  # cuda/snake.cu; False: torch's expression (RTTS_REFERENCE_KERNELS=1 while it runs)
+    snake_kernel: bool = True  # cuda/snake.cu; False: torch's expression (the reference kernels while it runs)
     cudnn_benchmark: bool = False
 
     def apply(self) -> None:
         torch.backends.cudnn.allow_tf32 = self.conv_tf32
         torch.backends.cuda.matmul.allow_tf32 = self.matmul_tf32
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
-        if self.snake_kernel:
-            os.environ.pop("RTTS_REFERENCE_KERNELS", None)
-        else:
-            os.environ["RTTS_REFERENCE_KERNELS"] = "1"
+        env.set_kernel_switches(dataclasses.replace(env.kernel_switches(), reference_kernels=not self.snake_kernel))
 
 
 VARIANTS = {
     "fp32, torch snake (the server before the kernel)": Variant(snake_kernel=False),
     "fp32": Variant(),
-    "fp32, cudnn.benchmark": Variant(cudnn_benchmark=True),
     "tf32 convolutions": Variant(conv_tf32=True),
-    "tf32 convolutions, torch snake": Variant(conv_tf32=True, snake_kernel=False),
     "tf32 everywhere, cudnn.benchmark": Variant(conv_tf32=True, matmul_tf32=True, cudnn_benchmark=True),
     "bf16": Variant(dtype=torch.bfloat16, conv_tf32=True),
+    "fp16": Variant(dtype=torch.float16),
+    "fp16, cudnn.benchmark": Variant(dtype=torch.float16, cudnn_benchmark=True),
 }
 SERVED = "tf32 convolutions"  # what `rtts serve` runs (SchedulerConfig.codec_tf32, the Snake kernel)
 
@@ -66,6 +66,22 @@ def random_codes(codec: Codec, b: int, t: int, seed: int) -> torch.Tensor:
     sem = torch.randint(0, cfg.semantic_codebook_size, (b, 1, t), generator=g)
     res = torch.randint(0, cfg.codebook_size, (b, cfg.n_codebooks, t), generator=g)
     return torch.cat([sem, res], dim=1).to(codec.device)
+
+
+def voiced_codes(codec: Codec, b: int, seconds: float) -> torch.Tensor:
+    """Codes of a voice-like signal (a wandering pitch with harmonics and a syllable-rate envelope), encoded by the
+    float32 codec: code sequences shaped like speech's rather than uniform random ones. [b, num_codebooks, T]"""
+    rate = codec.config.sample_rate
+    t = torch.arange(int(seconds * rate), dtype=torch.float64) / rate
+    out = []
+    for i in range(b):
+        f0 = 120 + 20 * i + 30 * torch.sin(2 * torch.pi * (0.5 + 0.2 * i) * t)
+        phase = 2 * torch.pi * torch.cumsum(f0, 0) / rate
+        env = 0.5 + 0.5 * torch.sin(2 * torch.pi * (3.5 + 0.3 * i) * t)
+        x = env * sum(torch.sin(k * phase) / k for k in (1, 2, 3, 4, 6))
+        out.append(encode_audio(codec, (0.2 * x).float().numpy()))
+    n = min(c.shape[-1] for c in out)
+    return torch.stack([c[..., :n] for c in out]).to(codec.device)
 
 
 def sync(dev: torch.device) -> None:
@@ -132,8 +148,12 @@ def main() -> None:
     dev = torch.device(args.device)
     _, base = random_model("s2-pro", dev)
     base.eval()
+    torch.backends.cudnn.allow_tf32 = False
     check = random_codes(base, 4, 48, seed=3)
+    voiced = voiced_codes(base, 4, 2.3)
+    voiced = voiced[..., : voiced.shape[-1] // 8 * 8]
     ref: torch.Tensor | None = None
+    ref_voiced: torch.Tensor | None = None
     results: dict[str, Any] = {}
     for name, v in VARIANTS.items():
         v.apply()
@@ -141,16 +161,19 @@ def main() -> None:
         top = max(*batches, check.shape[0])
         state = codec.new_stream_state(top + 1)  # the last row is the graphs' scratch slot
         chunks = tuple(sorted({args.frames, 8, 1}, reverse=True))
-        runner = CodecGraphRunner(codec, state, top, top, dev.type == "cuda", chunks=chunks)
+        runner = CodecGraphRunner(codec, state, top, top, chunks=chunks)
         t0 = time.perf_counter()
-        runner.capture()
+        if dev.type == "cuda":  # (a CPU smoke run decodes eager)
+            runner.capture()
         cap = time.perf_counter() - t0
         ms = {b: timed_chunk(runner, codec, b, args.frames, args.reps) for b in batches}
         audio = streamed(codec, runner, check)
-        if ref is None:
-            ref = audio
+        audio_voiced = streamed(codec, runner, voiced)
+        if ref is None or ref_voiced is None:
+            ref, ref_voiced = audio, audio_voiced
         results[name] = {"chunk_ms": ms, "capture_s": cap, "snr_db": snr_db(ref, audio),
-                         "peak": audio.abs().max().item()}
+                         "snr_voiced_db": snr_db(ref_voiced, audio_voiced), "peak": audio.abs().max().item(),
+                         "finite": bool(torch.isfinite(audio).all() and torch.isfinite(audio_voiced).all())}
         print(name, results[name], flush=True)
         del runner, state
         if codec is not base:
@@ -158,14 +181,14 @@ def main() -> None:
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     rows = ["| variant | " + " | ".join(f"ms per {args.frames}-frame chunk, batch {b}" for b in batches)
-            + " | us per frame at the largest batch | SNR vs the first dB |",
-            "|---|" + "---|" * len(batches) + "---|---|"]
+            + " | us per frame at the largest batch | SNR vs the first dB (random codes) | SNR, voiced codes |",
+            "|---|" + "---|" * len(batches) + "---|---|---|"]
     for name, r in results.items():
         per_frame = 1e3 * r["chunk_ms"][max(batches)] / (max(batches) * args.frames)
         rows.append(f"| {name} | " + " | ".join(f"{r['chunk_ms'][b]:.2f}" for b in batches)
-                    + f" | {per_frame:.1f} | {r['snr_db']:.1f} |")
+                    + f" | {per_frame:.1f} | {r['snr_db']:.1f} | {r['snr_voiced_db']:.1f} |")
     tops: dict[str, list[tuple[str, float, int]]] = {}
-    for name in (next(iter(VARIANTS)), SERVED):  # where the time went before, and where it goes now
+    for name in (SERVED, "fp16"):  # where the time went before, and where it goes now
         VARIANTS[name].apply()
         tops[name] = ranked = profile_eager(base, max(batches), args.frames)
         rows += ["", f"Top CUDA kernels, one eager chunk decode, {name} (batch {max(batches)}, {args.frames} frames):",

@@ -13,8 +13,8 @@ import argparse
 import gc
 import time
 
+from rtts.runtime import Runtime, ServerConfig
 from rtts.startup import freeze_startup_objects
-from rtts.ws.runtime import Runtime, ServerConfig
 
 
 def main() -> None:

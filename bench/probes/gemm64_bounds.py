@@ -26,7 +26,9 @@ from kernel_patch import gemm_source
 
 from rtts import kernels
 from rtts.bench.kernels import S2_GEMMS, PackedCopies, packed_weights, time_plan
-from rtts.kernels import _jit
+from rtts.kernels import _jit, gemm
+from rtts.kernels.common import sm_count
+from rtts.kernels.gemm_plan import SMEM_LIMIT, WgmmaPlan, wgmma64_plan, wgmma64_smem_bytes
 
 KERNEL = "fp8_gemm_wgmma64.cu"
 ACCS = "    constexpr int ACCS = NT <= 16 ? 4 : (NT <= 64 ? 2 : 1);\n"
@@ -50,17 +52,15 @@ ORIGINAL = _jit.source
 
 def use(edits: list[tuple[str, str]], instances: tuple[str, ...]) -> None:
     _jit.source = gemm_source(edits, "gemm64_bounds.py", original=ORIGINAL, kernel=KERNEL)  # type: ignore[assignment]
-    kernels._H_INSTANCES = instances  # type: ignore[attr-defined]  # compile only what is timed
-    _jit._module.cache_clear()
-    _jit.function.cache_clear()
-    _jit._SMEM_SET.clear()
+    gemm.H_INSTANCES = instances  # compile only what is timed (launch_wgmma names these)
+    _jit.forget_compiled()
 
 
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
     dev = torch.device("cuda")
     kernels.warmup(dev)
-    sms = kernels._sm_count(0)
+    sms = sm_count(0)
     layers = [g for g in S2_GEMMS if g[0] in sys.argv[2:]] or S2_GEMMS
     only = [a for a in sys.argv[2:] if a in VARIANTS]
     sweep = "--sweep" in sys.argv
@@ -73,7 +73,7 @@ def main() -> None:
         cases.append((name, N, K, R, packed, xs))
     res: dict[str, float] = {}
 
-    def time(key: str, plan: kernels.WgmmaPlan, R: int, packed: PackedCopies, x: tuple) -> None:
+    def time(key: str, plan: WgmmaPlan, R: int, packed: PackedCopies, x: tuple) -> None:
         us = time_plan(plan, *x, packed, R)
         res[key] = us
         print(f"{key}: {us:.2f} us  {plan}", flush=True)
@@ -86,19 +86,19 @@ def main() -> None:
         use(edits, tuple(f"fp8_gemm_wgmma64<{m}>" for m in ms))  # NT = M for these token counts
         for name, N, K, R, packed, xs in cases:
             for M in ms:
-                time(f"{variant} {name} M={M}", kernels.wgmma64_plan(M, N, K, sms), R, packed, xs[M])
+                time(f"{variant} {name} M={M}", wgmma64_plan(M, N, K, sms), R, packed, xs[M])
             if grids and not ablation:  # grids of 1 / 1.25 / 1.5 / 1.75 / 2 CTAs per SM at 64 tokens, or as listed
                 for g in grid_list or sorted({sms, 5 * sms // 4, 3 * sms // 2, 7 * sms // 4, 2 * sms}):
-                    time(f"{variant} {name} M=64 grid={g}", kernels.wgmma64_plan(64, N, K, sms, grid=g), R, packed,
+                    time(f"{variant} {name} M=64 grid={g}", wgmma64_plan(64, N, K, sms, grid=g), R, packed,
                          xs[64])
     use([], ("fp8_gemm_wgmma64<64>",))
     for name, N, K, R, packed, xs in cases if sweep else []:
-        base = kernels.wgmma64_plan(64, N, K, sms)
+        base = wgmma64_plan(64, N, K, sms)
         for grid in sorted({base.grid, sms, 2 * sms}):
             for st, ts in ((2, 2), (4, 2), (2, 4), (4, 6), (4, 8), (6, 4), (6, 6), (8, 8), (10, 4), (10, 8)):
-                p = kernels.wgmma64_plan(64, N, K, sms, grid=grid)
-                smem = kernels.wgmma64_smem_bytes(p.nt, st, ts, p.iters, p.slots)
-                if smem > kernels._SMEM_LIMIT:
+                p = wgmma64_plan(64, N, K, sms, grid=grid)
+                smem = wgmma64_smem_bytes(p.nt, st, ts, p.iters, p.slots)
+                if smem > SMEM_LIMIT:
                     continue
                 plan = p._replace(stages=st, tstages=ts, smem=smem)
                 time(f"base {name} M=64 grid={grid} stages={st} tstages={ts}", plan, R, packed, xs[64])

@@ -13,22 +13,24 @@ import torch
 
 from rtts import kernels
 from rtts.bench.kernels import S2_GEMMS, packed_weights, time_plan
+from rtts.kernels.common import sm_count
+from rtts.kernels.gemm_plan import wgmma64_plan
 
 
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
     kernels.warmup(torch.device("cuda"))
-    sms = kernels._sm_count(0)
+    sms = sm_count(0)
     res: dict[str, float] = {}
     for name, N, K in [g for g in S2_GEMMS if g[0] in sys.argv[2:]] or S2_GEMMS:
         R, packed = packed_weights(N, K)
         for M in (32, 64, 128):
             xq, sx = kernels.quantize_1x128(torch.randn(M, K, device="cuda", dtype=torch.bfloat16))
-            base = kernels.wgmma64_plan(M, N, K, sms)
+            base = wgmma64_plan(M, N, K, sms)
             for grid in (sms, sms * 3 // 2, 2 * sms):
-                top = kernels.wgmma64_plan(M, N, K, sms, grid=grid).stages
+                top = wgmma64_plan(M, N, K, sms, grid=grid).stages
                 for st in sorted({3, 4, 6, 9, top} & set(range(2, top + 1))):
-                    plan = kernels.wgmma64_plan(M, N, K, sms, st, grid=grid)
+                    plan = wgmma64_plan(M, N, K, sms, st, grid=grid)
                     us = time_plan(plan, xq, sx, packed, R)
                     key = f"{name} M={M} grid={plan.grid} stages={plan.stages}"
                     res[key] = us

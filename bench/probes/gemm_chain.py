@@ -18,6 +18,7 @@ with the plan, its occupancy (CTAs per SM) and in-graph us per GEMM. Session 4 u
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
@@ -26,10 +27,11 @@ import sys
 import torch
 from kernel_patch import gemm_source
 
-from rtts import kernels
+from rtts import env, kernels
 from rtts.bench.kernels import copies_for, time_graph
-from rtts.kernels import _jit
+from rtts.kernels import _jit, gemm
 from rtts.kernels import reference as ref
+from rtts.kernels.gemm_plan import H_INSTANCES, H_THREADS, WGMMA_INSTANCES, WGMMA_THREADS, wgmma_instance
 
 SLOTS = 8
 CHAIN = 6
@@ -89,9 +91,10 @@ def main() -> None:
     if instrument:
         _jit.source = instrumented_source  # type: ignore[assignment]
     kernels.warmup(torch.device("cuda"))
-    modules = {128: _jit.module("fp8_gemm_wgmma.cu", kernels._WGMMA_INSTANCES),
-               64: _jit.module("fp8_gemm_wgmma64.cu", kernels._H_INSTANCES)}
+    modules = {128: _jit.module("fp8_gemm_wgmma.cu", WGMMA_INSTANCES),
+               64: _jit.module("fp8_gemm_wgmma64.cu", H_INSTANCES)}
     out: dict[str, object] = {}
+    base = env.kernel_switches()
     shapes = [sh for sh in SHAPES if not sys.argv[1:] or sh[0] in sys.argv[1:]]
     for name, N, K in shapes:
         for M in (1, 64):
@@ -101,17 +104,17 @@ def main() -> None:
             xq, sx = kernels.quantize_1x128(torch.randn(M, K, device="cuda").bfloat16())
             for pdl in (True, False):
                 for forced in ("", "1", "8") if pdl and M <= 16 else ("",):
-                    os.environ["RTTS_NO_PDL"] = "" if pdl else "1"
-                    os.environ["RTTS_GEMM_CLUSTER"] = forced
-                    plan = kernels._plan(M, N, K, 0)
+                    env.set_kernel_switches(dataclasses.replace(base, no_pdl=not pdl,
+                                                                gemm_cluster=int(forced) if forced else None))
+                    plan = gemm.plan_gemm(M, N, K, 0)
                     grid, mod = plan.grid, modules[plan.rows]
                     if plan.rows == 64:
-                        fn = _jit.function("fp8_gemm_wgmma64.cu", f"fp8_gemm_wgmma64<{plan.nt}>", kernels._H_INSTANCES)
-                        threads = kernels._H_THREADS
+                        fn = _jit.function("fp8_gemm_wgmma64.cu", f"fp8_gemm_wgmma64<{plan.nt}>", H_INSTANCES)
+                        threads = H_THREADS
                     else:
-                        fn = _jit.function("fp8_gemm_wgmma.cu", kernels._wgmma_instance(plan.nt, plan.cluster > 1),
-                                           kernels._WGMMA_INSTANCES)
-                        threads = kernels._WGMMA_THREADS
+                        fn = _jit.function("fp8_gemm_wgmma.cu", wgmma_instance(plan.nt, plan.cluster > 1),
+                                           WGMMA_INSTANCES)
+                        threads = WGMMA_THREADS
                     try:
                         occ = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, threads,
                                                                                        plan.smem)
@@ -174,8 +177,7 @@ def main() -> None:
                                              else -1 for c in (0, 3, 4, 5, 2)] for i in order])
                     out[key] = row
                     print(f"  {key}: {row}", flush=True)
-    os.environ["RTTS_NO_PDL"] = ""
-    os.environ["RTTS_GEMM_CLUSTER"] = ""
+    env.set_kernel_switches(base)
     dst = os.environ.get("OUT", ".")
     with open(os.path.join(dst, "gemm-chain.json"), "w") as f:
         json.dump(out, f, indent=1)

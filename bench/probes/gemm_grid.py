@@ -14,12 +14,15 @@ import torch
 
 from rtts import kernels
 from rtts.bench.kernels import S2_GEMMS, packed_weights, time_plan
+from rtts.kernels import gemm
+from rtts.kernels.common import sm_count
+from rtts.kernels.gemm_plan import wgmma64_plan, wgmma_plan
 
 
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
     kernels.warmup(torch.device("cuda"))
-    sms = kernels._sm_count(0)
+    sms = sm_count(0)
     res: dict[str, float] = {}
     for name, N, K in S2_GEMMS:
         R, packed = packed_weights(N, K)
@@ -28,10 +31,10 @@ def main() -> None:
             plans = {}
             for g in (96, 112, 120, 128, sms):
                 if M <= 16:
-                    plans[g] = kernels.wgmma_plan(M, N, K, g, cluster=1)
+                    plans[g] = wgmma_plan(M, N, K, g, cluster=1)
                 for g2 in ((g, 3 * sms // 2, 2 * sms) if g == sms else (g,)) if M > 16 else ():
-                    plans[g2] = kernels.wgmma64_plan(M, N, K, sms, grid=g2)
-            base = kernels._plan(M, N, K, 0)
+                    plans[g2] = wgmma64_plan(M, N, K, sms, grid=g2)
+            base = gemm.plan_gemm(M, N, K, 0)
             for plan in plans.values():
                 us = time_plan(plan, xq, sx, packed, R)
                 key = f"{name} M={M} grid={plan.grid} stages={plan.stages} rows={plan.rows}"

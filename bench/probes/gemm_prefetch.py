@@ -53,9 +53,7 @@ def use(pf: int | None) -> None:
         edits64 = [("#define H_ROWS 64", head + "#define H_ROWS 64"), RING_64]
         _jit.source = gemm_source(edits64, "gemm_prefetch.py", original=big,  # type: ignore[assignment]
                                   kernel="fp8_gemm_wgmma64.cu")
-    _jit._module.cache_clear()
-    _jit.function.cache_clear()
-    _jit._SMEM_SET.clear()
+    _jit.forget_compiled()
 
 
 def main() -> None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 import torch
 
 from rtts import kernels
+from rtts.kernels import gemm
 from rtts.kernels import reference as ref
+from rtts.kernels.common import sm_count
 
 SHAPES = [(17, 1152, 640), (40, 2560, 9728), (64, 6144, 2560), (128, 19456, 2560), (5, 256, 384), (64, 128, 128)]
 
@@ -23,10 +25,10 @@ def main() -> None:
         wp = kernels.pack_weight(wq)
         r = ref.fp8_gemm(xq, sx, wq, sw).float()
         for rows in (64, 128):
-            plan = kernels._plan(M, N, K, 0, cluster=1, rows=rows)
-            if not kernels.scratch_fits(plan, N, kernels._sm_count(0)):
+            plan = gemm.plan_gemm(M, N, K, 0, cluster=1, rows=rows)
+            if not gemm.scratch_fits(plan, N, sm_count(0)):
                 continue  # fp8_gemm runs this one in token slices
-            y = kernels._fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1, rows=rows).float()
+            y = gemm.fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1, rows=rows).float()
             torch.cuda.synchronize()
             err = float((y - r).abs().max() / r.abs().max())
             print(f"{M}x{N}x{K} rows={rows} {plan}: rel err {err:.2e} {'OK' if err < 1e-2 else 'WRONG'}", flush=True)

@@ -33,7 +33,6 @@ Prints one line per variant, layer and token count, and writes OUT/gemm-tm-ablat
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -44,6 +43,8 @@ from kernel_patch import gemm_source
 from rtts import kernels
 from rtts.bench.kernels import S2_GEMMS, packed_weights, time_plan
 from rtts.kernels import _jit
+from rtts.kernels.common import sm_count
+from rtts.kernels.gemm_plan import TM_MAX_STAGES, wgmma_tm_plan
 
 KERNEL = "fp8_gemm_wgmma_tm.cu"
 MMA = "        tm_mma_block<WN, ACCS>(acc, tdesc + t * (TM_TOKEN_BYTES / 16), wdesc + s * (W_BYTES / 16));\n"
@@ -109,38 +110,35 @@ def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
     ms = [int(m) for m in sys.argv[2].split(",")] if len(sys.argv) > 2 else [32, 64]
     dev = torch.device("cuda")
-    sms = kernels._sm_count(0)
+    sms = sm_count(0)
     original = _jit.source
     cases = []
     for name, N, K in S2_GEMMS:
         R, packed = packed_weights(N, K)
         for M in ms:
             try:  # the planner's token-major plan, or w2's forced cluster-pair one
-                plan = kernels.wgmma_tm_plan(M, N, K, sms)
+                plan = wgmma_tm_plan(M, N, K, sms)
             except ValueError:
                 try:
-                    plan = kernels.wgmma_tm_plan(M, N, K, sms, split=2)
+                    plan = wgmma_tm_plan(M, N, K, sms, split=2)
                 except ValueError:
                     continue
             xq, sx = kernels.quantize_1x128(torch.randn(M, K, device=dev, dtype=torch.bfloat16))
             cases.append((name, M, N, K, plan, xq, sx, packed, R))
-    gemm_plan = importlib.import_module("rtts.kernels.gemm_plan")  # the package's gemm_plan name is a function
-    gemm_plan._TM_MAX_STAGES = max(gemm_plan._TM_MAX_STAGES, *STAGES.values())
     res: dict[str, float] = {}
     only = sys.argv[3].split(",") if len(sys.argv) > 3 else list(VARIANTS)
     for variant, edits in VARIANTS.items():
         if variant not in only and variant != "base":
             continue
         _jit.source = gemm_source(edits, "gemm_tm_ablation.py", original=original, kernel=KERNEL)  # type: ignore
-        _jit._module.cache_clear()
-        _jit.function.cache_clear()
-        _jit._SMEM_SET.clear()
+        _jit.forget_compiled()
         kernels.warmup(dev)
         for name, M, N, K, plan, xq, sx, packed, R in cases:
             if variant == "no_store" and plan.cluster != 1:
                 continue
             if variant in STAGES:
-                plan = kernels.wgmma_tm_plan(M, N, K, sms, STAGES[variant], plan.cluster, tstages=4)
+                plan = wgmma_tm_plan(M, N, K, sms, STAGES[variant], plan.cluster, tstages=4,
+                                     max_stages=max(TM_MAX_STAGES, STAGES[variant]))
             us = time_plan(plan, xq, sx, packed, R)
             key = f"{variant} {name} M={M} (wn={plan.rows} S={plan.cluster} st={plan.stages}/{plan.tstages})"
             res[key] = us

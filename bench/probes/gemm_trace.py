@@ -26,8 +26,10 @@ import torch
 from kernel_patch import gemm_source
 
 from rtts import kernels
-from rtts.kernels import _jit
+from rtts.kernels import _jit, gemm
 from rtts.kernels import reference as ref
+from rtts.kernels.common import sm_count
+from rtts.kernels.gemm_plan import WGMMA_INSTANCES, wgmma_plan
 
 SLOTS = 8
 PROBE = (
@@ -65,20 +67,20 @@ def main() -> None:
 
     _jit.source = instrumented_source  # type: ignore[assignment]
     kernels.warmup(torch.device("cuda"))
-    g = _jit.module("fp8_gemm_wgmma.cu", kernels._WGMMA_INSTANCES).get_global("g_trace")
+    g = _jit.module("fp8_gemm_wgmma.cu", WGMMA_INSTANCES).get_global("g_trace")
     sweep = torch.ones(256 << 20, dtype=torch.uint8, device="cuda")
-    sms = kernels._sm_count(0)
+    sms = sm_count(0)
     for name, N, K in SHAPES:
         for M in (1, 64):
             wq, sw = ref.quantize_weight(torch.randn(N, K, device="cuda").bfloat16() * 0.05)
             wp = kernels.pack_weight(wq)
             xq, sx = kernels.quantize_1x128(torch.randn(M, K, device="cuda").bfloat16())
-            nt, stages, grid, smem = kernels.wgmma_plan(M, N, K, sms, cluster=1)[:4]
+            nt, stages, grid, smem = wgmma_plan(M, N, K, sms, cluster=1)[:4]
             cp.cuda.runtime.memset(g.ptr, 0, 4096 * SLOTS * 8)
             for _ in range(3):  # the last launch is the one recorded
                 sweep.max()  # read-only: evicts the weights without leaving dirty lines to write back
                 torch.cuda.synchronize()
-                kernels._fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1)
+                gemm.fp8_gemm_wgmma(xq, sx, wp, sw, cluster=1)
                 torch.cuda.synchronize()
             tr = cp.ndarray((4096 * SLOTS,), dtype=cp.uint64, memptr=g).get().reshape(4096, SLOTS)[:grid]
             tr = tr.astype("int64")

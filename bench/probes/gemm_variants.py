@@ -58,9 +58,7 @@ def main() -> None:
             cases.append((name, M, R, packed, torch.randn(M, K, device=dev).bfloat16()))
     for variant, edits in VARIANTS.items():
         _jit.source = patched(edits)  # type: ignore[assignment]
-        _jit._module.cache_clear()
-        _jit.function.cache_clear()
-        _jit._SMEM_SET.clear()
+        _jit.forget_compiled()
         kernels.warmup(dev)
         for name, M, R, packed, x in cases:
             xq, sx = kernels.quantize_1x128(x)

@@ -48,7 +48,7 @@ def main() -> None:
     grid, block = ((M * (K // 128) + 7) // 8,), (256,)  # as kernels.quantize_1x128 launches it
 
     def cupy_call() -> None:
-        with _jit._external_stream(_jit.stream_handle()):
+        with _jit.external_stream(_jit.stream_handle()):
             fn(grid, block, args)
 
     conv = {int: ctypes.c_uint64, np.int32: lambda a: ctypes.c_int32(int(a)), np.float32: lambda a: ctypes.c_float(a)}
@@ -56,11 +56,11 @@ def main() -> None:
     def ctypes_per_call() -> None:
         vals = [conv[type(a)](a) for a in args]
         params = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
-        attr_ptr, _, n_attrs = _jit._attribute_array(True, 1)
+        attr_ptr, _, n_attrs = _jit.attribute_array(True, 1)
         g, b = (grid + (1, 1))[:3], (block + (1, 1))[:3]
-        cfg = _jit._LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), 0, _jit.stream_handle(), attr_ptr,
+        cfg = _jit.LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), 0, _jit.stream_handle(), attr_ptr,
                                  n_attrs)
-        _jit._launch_kernel_ex()(ctypes.byref(cfg), fn.kernel.ptr, params, None)
+        _jit.launch_kernel_ex()(ctypes.byref(cfg), fn.kernel.ptr, params, None)
 
     calls: dict[str, Callable[[], Any]] = {
         "torch.empty": lambda: torch.empty(40, 2560, device=dev, dtype=torch.bfloat16),

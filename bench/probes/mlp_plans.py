@@ -6,23 +6,25 @@ Usage: python bench/probes/mlp_plans.py OUT_DIR"""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
 
-from rtts import kernels
-from rtts.bench.kernels import _calls, copies_for, time_graph
+from rtts import env, kernels
+from rtts.bench.kernels import copies_for, graph_calls, time_graph
+from rtts.kernels import gemm
 from rtts.kernels import reference as ref
+from rtts.kernels.common import sm_count
+from rtts.kernels.gemm_plan import WgmmaPlan, wgmma64_plan, wgmma_plan
 
 DIM, HIDDEN = 2560, 9728
 
 
-def plans(M: int, N: int, K: int, sms: int) -> dict[str, kernels.WgmmaPlan]:
-    out = {"r128": kernels.wgmma_plan(M, N, K, sms),
-           "r64g1": kernels.wgmma64_plan(M, N, K, sms, grid=sms),
-           "r64g2": kernels.wgmma64_plan(M, N, K, sms, 4, grid=2 * sms)}
+def plans(M: int, N: int, K: int, sms: int) -> dict[str, WgmmaPlan]:
+    out = {"r128": wgmma_plan(M, N, K, sms),
+           "r64g1": wgmma64_plan(M, N, K, sms, grid=sms),
+           "r64g2": wgmma64_plan(M, N, K, sms, 4, grid=2 * sms)}
     if M > 64:  # the 128-row kernel slices 128 tokens into two 64-token launches for these layers
         del out["r128"]
     return out
@@ -31,7 +33,7 @@ def plans(M: int, N: int, K: int, sms: int) -> dict[str, kernels.WgmmaPlan]:
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
     kernels.warmup(torch.device("cuda"))
-    sms = kernels._sm_count(0)
+    sms = sm_count(0)
     n = min(copies_for(3 * HIDDEN * DIM), 6)
     gu = [ref.quantize_weight(torch.randn(2 * HIDDEN, DIM, device="cuda", dtype=torch.bfloat16) * 0.05)
           for _ in range(n)]
@@ -48,17 +50,15 @@ def main() -> None:
                     if not pdl and (a, b) != ("r64g2", "r64g2"):
                         continue
 
-                    def mlp(i: int, pa: kernels.WgmmaPlan = plan_a, pb: kernels.WgmmaPlan = plan_b,
+                    def mlp(i: int, pa: WgmmaPlan = plan_a, pb: WgmmaPlan = plan_b,
                             pdl: bool = pdl) -> torch.Tensor:
                         xq, sx = kernels.quantize_1x128(x)
-                        h = kernels.launch_wgmma(pa, xq, sx, *gu[i % n])
-                        if not pdl:
-                            os.environ["RTTS_NO_PDL"] = "1"
-                        hq, sh = kernels.swiglu_quantize(h)
-                        os.environ.pop("RTTS_NO_PDL", None)
-                        return kernels.launch_wgmma(pb, hq, sh, *dn[i % n])
+                        h = gemm.launch_wgmma(pa, xq, sx, *gu[i % n])
+                        with env.override_kernel_switches(no_pdl=not pdl):  # the SwiGLU kernel's launch
+                            hq, sh = kernels.swiglu_quantize(h)
+                        return gemm.launch_wgmma(pb, hq, sh, *dn[i % n])
 
-                    us = 1e6 * time_graph(_calls(mlp, copies_for(3 * HIDDEN * DIM)))
+                    us = 1e6 * time_graph(graph_calls(mlp, copies_for(3 * HIDDEN * DIM)))
                     key = f"M={M} gate|up={a} {tuple(plan_a)[:3]} w2={b} {tuple(plan_b)[:3]} swiglu_pdl={pdl}"
                     res[key] = us
                     print(f"{key}: {us:.2f} us", flush=True)

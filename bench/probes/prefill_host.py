@@ -24,7 +24,7 @@ import torch
 from prefill_time import text_columns
 
 from rtts.engine.engine import Engine, PrefillItem
-from rtts.model.random_checkpoint import random_model
+from rtts.tools.random_checkpoint import random_model
 
 
 def host_us(fn: Callable[[], Any], n: int = 300) -> float:

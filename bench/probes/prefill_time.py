@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from rtts.engine.engine import Engine, PrefillItem
-from rtts.model.random_checkpoint import random_model
+from rtts.tools.random_checkpoint import random_model
 
 
 def time_prefill(eng: Engine, items: list[PrefillItem], reps: int = 5) -> float:
@@ -81,10 +81,10 @@ def main() -> None:
     cases = {f"1 x {n}": [PrefillItem(0, cols(n))] for n in (40, 128, 320, 512)}
     cases["8 x 40"] = [PrefillItem(i, cols(40)) for i in range(8)]
     res: dict[str, dict[str, float]] = {}
-    from rtts import kernels
+    from rtts.kernels import gemm  # fp8_runs_dense reads gemm.FP8_DENSE_ROWS
 
     profiling = "--profile" in sys.argv
-    dense_rows = kernels.FP8_DENSE_ROWS
+    dense_rows = gemm.FP8_DENSE_ROWS
     for kind in ("bf16", "fp8", "fp8-sliced"):
         if kind == "fp8":
             from rtts.model.quant import quantize_model_
@@ -92,7 +92,7 @@ def main() -> None:
             quantize_model_(lm.model)
             torch.cuda.empty_cache()
         # fp8-sliced: every prefill row through the decode GEMM in 128-token launches (before the dense path)
-        kernels.FP8_DENSE_ROWS = 1 << 30 if kind == "fp8-sliced" else dense_rows
+        gemm.FP8_DENSE_ROWS = 1 << 30 if kind == "fp8-sliced" else dense_rows
         eng = Engine(lm, max_slots=8, max_ctx=1024, prefill_chunk=512)
         if profiling:  # profile only: CUPTI stays attached after a profiler pass and slows every later launch
             if kind != "fp8-sliced":
@@ -103,7 +103,7 @@ def main() -> None:
             res[kind] = {name: time_prefill(eng, items) for name, items in cases.items()}
         del eng
         torch.cuda.empty_cache()
-    kernels.FP8_DENSE_ROWS = dense_rows
+    gemm.FP8_DENSE_ROWS = dense_rows
     if profiling:
         summary = {"gpu": torch.cuda.get_device_name(), "ms": res}
         (out / "prefill-profile.json").write_text(json.dumps(summary, indent=1))

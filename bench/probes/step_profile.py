@@ -25,9 +25,9 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from rtts.engine import sampling
 from rtts.engine.engine import Engine
-from rtts.engine.graphs import DecodeRunner
+from rtts.engine.graphs.decode import DecodeRunner
 from rtts.kernels import draw
-from rtts.model.random_checkpoint import random_model
+from rtts.tools.random_checkpoint import random_model
 
 
 def _arg(name: str, default: str) -> str:
@@ -73,7 +73,7 @@ def kernels_of(prof: Any) -> list[tuple[str, float]]:
 def profile_step(eng: Engine, B: int, runner: DecodeRunner, labels: list[str]) -> dict[str, Any]:
     slots = torch.arange(B, device=eng.device)
     res: dict[str, Any] = {"batch": B}
-    if not runner.use_graphs:  # (a CPU smoke run of the probe itself)
+    if not runner.graphs:  # (a CPU smoke run of the probe itself)
         return res | eager_profile(eng, slots, labels)
     # Graph replay: what the scheduler runs.
     g = runner.graphs[(runner.bucket_for(B), runner.kv_buckets[-1])].graph
@@ -154,7 +154,8 @@ def main() -> None:
     eng.state.top_k[:] = 1 << 30
     eng.state.ras_on[:] = True
     runner = DecodeRunner(eng)
-    runner.capture()
+    if dev.type == "cuda":
+        runner.capture()
     build = time.perf_counter() - t0
     labels = ["embed", "slow_transformer", "slow_head", "fast_transformer", "sample", "commit", "ras_choice"]
     label_stages(eng)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rtts.bench.kernels import _calls, time_graph
+from rtts.bench.kernels import graph_calls, time_graph
 from rtts.kernels import _jit
 
 SOURCE = r"""
@@ -80,7 +80,7 @@ extern "C" __global__ void __launch_bounds__(256) ldg_stream(const uint4* w, lon
 
 
 def _launch(fn: Any, grid: int, block: int, args: tuple[Any, ...], smem: int = 0) -> None:
-    with _jit._external_stream(torch.cuda.current_stream().cuda_stream):
+    with _jit.external_stream(torch.cuda.current_stream().cuda_stream):
         fn((grid,), (block,), args, shared_mem=smem)
 
 
@@ -106,20 +106,20 @@ def main() -> None:
                     _launch(tma, grid, 288, (ws[i % n].data_ptr(), np.int64(T), np.int32(S), out.data_ptr()),
                             S * 16384 + 2048)
 
-                us = 1e6 * time_graph(_calls(f, n))
+                us = 1e6 * time_graph(graph_calls(f, n))
                 row.append(f"tma S={S} grid={grid}: {us:.1f} us {nbytes / us / 1e6:.2f} TB/s")
         for S in (4, 6, 8):  # launched like the GEMMs (programmatic dependent launch)
             def fp(i: int, S: int = S) -> None:
                 _jit.launch(pdl, (sms,), (288,), (ws[i % n].data_ptr(), int(T), np.int32(S), out.data_ptr()),
                             shared_mem=S * 16384 + 2048, pdl=True)
 
-            us = 1e6 * time_graph(_calls(fp, n))
+            us = 1e6 * time_graph(graph_calls(fp, n))
             row.append(f"tma+PDL S={S} grid={sms}: {us:.1f} us {nbytes / us / 1e6:.2f} TB/s")
         for grid in (sms, 4 * sms, 8 * sms):
             def g(i: int, grid: int = grid) -> None:
                 _launch(ldg, grid, 256, (ws[i % n].data_ptr(), np.int64(nbytes // 16), out.data_ptr()))
 
-            us = 1e6 * time_graph(_calls(g, n))
+            us = 1e6 * time_graph(graph_calls(g, n))
             row.append(f"ldg grid={grid}: {us:.1f} us {nbytes / us / 1e6:.2f} TB/s")
         print(f"{mb} MB: " + " | ".join(row), flush=True)
 

@@ -20,9 +20,9 @@ import torch
 
 from rtts.bench.scheduler import NullCodec, measure
 from rtts.engine.engine import Engine
-from rtts.model.random_checkpoint import random_model
 from rtts.pingpong import prefill as prefill_mod
 from rtts.pingpong.scheduler import Scheduler, SchedulerConfig
+from rtts.tools.random_checkpoint import random_model
 
 
 def main() -> None:

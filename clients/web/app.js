@@ -51,14 +51,14 @@ $("speak").onclick = () => {
   ws.onopen = () => {
     const req = { text: "", format: "pcm", sample_rate: RATE, latency: $("latency").value };
     if ($("voice").value) req.reference_id = $("voice").value;
-    ws.send(MsgPack.encode({ event: "start", request: req }));
+    ws.send(MessagePack.encode({ event: "start", request: req }));
     t0 = performance.now();
-    ws.send(MsgPack.encode({ event: "text", text: $("text").value }));
-    ws.send(MsgPack.encode({ event: "stop" }));
+    ws.send(MessagePack.encode({ event: "text", text: $("text").value }));
+    ws.send(MessagePack.encode({ event: "stop" }));
     $("cancel").disabled = false;
   };
   ws.onmessage = (m) => {
-    const ev = MsgPack.decode(new Uint8Array(m.data));
+    const ev = MessagePack.decode(new Uint8Array(m.data));
     if (ev.event === "audio") {
       if (first) { $("ttfa").textContent = `${Math.round(performance.now() - t0)} ms`; first = false; }
       samples += ev.audio.byteLength >> 1;
@@ -78,6 +78,6 @@ $("speak").onclick = () => {
 };
 
 $("cancel").onclick = () => {
-  if (ws && ws.readyState === WebSocket.OPEN) ws.send(MsgPack.encode({ event: "cancel" }));
+  if (ws && ws.readyState === WebSocket.OPEN) ws.send(MessagePack.encode({ event: "cancel" }));
   stopAudio();
 };

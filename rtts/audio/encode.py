@@ -8,7 +8,7 @@ Pipeline per push (all stateful, so any chunking of the input gives the same byt
 
 MP3 and Ogg Opus are encoded by libsndfile (through soundfile) writing into an in-memory file object; every push
 returns the bytes libsndfile has written since the previous call, so the concatenation of all pushes plus finish()
-is one valid file. See PROTOCOL.md sections 4, 7 and 10.
+is one valid file. See docs/protocol.md (audio formats, latency modes and chunk sizing).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ VOLUME_RANGE_DB = (-20.0, 20.0)
 
 # MP3 and Ogg Opus hold the end of what was pushed (a partial codec frame, the encoder's look-ahead, an unfinished
 # Ogg page) until more audio comes; drain() cannot flush them and go on. This much silence (output time) releases it:
-# tests/test_audio.py checks it over turn lengths, 64-192 kbps MP3 at 32 / 44.1 kHz, Opus, and speeds 0.5-2 (a
-# one-off CPU sweep in session 13 found MP3 at 64 kbps, 32 kHz the most demanding, needing 150 ms; Opus 90 ms).
+# tests/test_audio.py checks it over turn lengths, 64-192 kbps MP3 at 32 / 44.1 kHz, Opus, and speeds 0.5-2 (MP3 at
+# 64 kbps, 32 kHz needs the most: 150 ms; Opus 90 ms).
 HELD_TAIL_FORMATS = ("mp3", "opus")
 TAIL_PAD_SECONDS = 0.2
 
@@ -61,7 +61,7 @@ MIN_RAW_MESSAGE_BYTES = 2048  # Pipecat drops audio events <= 1024 bytes; 2 KiB 
 MIN_LAST_RAW_SAMPLES = 513
 MIN_COMPRESSED_MESSAGE_BYTES = 1152  # compressed clients (PyAV) take any size; still stay above Pipecat's floor
 # One codec frame (2048 samples at 44.1 kHz: 46.4 ms) must fill a message by itself: a turn's first frame is its time to
-# first audio, and at 50 ms the first message waited for the codec's second chunk (PROTOCOL.md §7.3: >= 40-100 ms).
+# first audio, and at 50 ms the first message waited for the codec's second chunk (docs/protocol.md: >= 40 ms).
 MIN_MESSAGE_SECONDS = 0.040
 
 # Fish's streaming WAV header: placeholder sizes because the length is unknown (RIFF size = data size + 36).

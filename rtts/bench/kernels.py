@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import os
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +19,10 @@ import torch
 
 from rtts import env, kernels
 from rtts.bench.common import environment, write_results
+from rtts.kernels import _jit, gemm
 from rtts.kernels import reference as ref
+from rtts.kernels.common import sm_count
+from rtts.kernels.gemm_plan import WgmmaPlan
 
 L2_BYTES = 60 << 20
 # (name, N, K): the transformer linears of S2-Pro; the fast model's 4 layers have the same shapes.
@@ -55,7 +57,8 @@ def time_graph(fns: list[Callable[[], Any]], reps: int = 20) -> float:
 MIN_CALLS = 32  # per captured graph: amortizes the graph's own launch latency, which the events would count
 
 
-def _calls(fn: Callable[[int], Any], n: int) -> list[Callable[[], Any]]:
+def graph_calls(fn: Callable[[int], Any], n: int) -> list[Callable[[], Any]]:
+    """fn(0), fn(1), ... as calls for time_graph: n of them, at least MIN_CALLS."""
     return [functools.partial(fn, i) for i in range(max(n, MIN_CALLS))]
 
 
@@ -74,13 +77,13 @@ def packed_weights(N: int, K: int) -> tuple[int, PackedCopies]:
     return R, [(kernels.pack_weight(q), s) for q, s in qs]
 
 
-def time_plan(plan: kernels.WgmmaPlan, xq: torch.Tensor, sx: torch.Tensor, packed: PackedCopies, calls: int) -> float:
+def time_plan(plan: WgmmaPlan, xq: torch.Tensor, sx: torch.Tensor, packed: PackedCopies, calls: int) -> float:
     """Microseconds per call of the wgmma GEMM launched with `plan`, `calls` calls over the packed copies in turn."""
     def call(i: int) -> torch.Tensor:
         wp, sw = packed[i % len(packed)]
-        return kernels.launch_wgmma(plan, xq, sx, wp, sw)
+        return gemm.launch_wgmma(plan, xq, sx, wp, sw)
 
-    return 1e6 * time_graph(_calls(call, calls))
+    return 1e6 * time_graph(graph_calls(call, calls))
 
 
 def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = (), clusters: tuple[int, ...] = (),
@@ -98,7 +101,7 @@ def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = (), clusters: t
     def bf16(i: int) -> torch.Tensor:
         return x @ ws[i % n].T
 
-    def gemm(i: int) -> torch.Tensor:  # what the serving path runs: packed weights on sm_90a
+    def served(i: int) -> torch.Tensor:  # what the serving path runs: packed weights on sm_90a
         wq, sw = packed[i % n]
         return kernels.fp8_gemm(xq, sx, wq, sw)
 
@@ -108,45 +111,46 @@ def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = (), clusters: t
 
     def mma(i: int) -> torch.Tensor:  # the mma.sync kernel (GPUs without wgmma)
         wq, sw = qs[i % n]
-        return kernels._fp8_gemm_mma(xq, sx, wq, sw)
+        return gemm.fp8_gemm_mma(xq, sx, wq, sw)
 
-    out["bf16_us"] = 1e6 * time_graph(_calls(bf16, reps))
-    out["fp8_gemm_us"] = 1e6 * time_graph(_calls(gemm, reps))
-    out["mma_sync_us"] = 1e6 * time_graph(_calls(mma, reps))
+    out["bf16_us"] = 1e6 * time_graph(graph_calls(bf16, reps))
+    out["fp8_gemm_us"] = 1e6 * time_graph(graph_calls(served, reps))
+    out["mma_sync_us"] = 1e6 * time_graph(graph_calls(mma, reps))
     for st in stages if M <= 64 and packed[0][0].dim() == 4 else ():
         def staged(i: int, st: int = st) -> torch.Tensor:
             wq, sw = packed[i % n]
-            return kernels._fp8_gemm_wgmma(xq, sx, wq, sw, stages=st)
+            return gemm.fp8_gemm_wgmma(xq, sx, wq, sw, stages=st)
 
-        out[f"wgmma_stages{st}_us"] = 1e6 * time_graph(_calls(staged, reps))
+        out[f"wgmma_stages{st}_us"] = 1e6 * time_graph(graph_calls(staged, reps))
     for cs in clusters if M <= 64 and packed[0][0].dim() == 4 else ():
         try:
-            kernels._plan(M, N, K, 0, cluster=cs)
+            gemm.plan_gemm(M, N, K, 0, cluster=cs)
         except ValueError:
             continue
 
         def split(i: int, cs: int = cs) -> torch.Tensor:
             wq, sw = packed[i % n]
-            return kernels._fp8_gemm_wgmma(xq, sx, wq, sw, cluster=cs)
+            return gemm.fp8_gemm_wgmma(xq, sx, wq, sw, cluster=cs)
 
-        out[f"wgmma_cluster{cs}_us"] = 1e6 * time_graph(_calls(split, reps))
+        out[f"wgmma_cluster{cs}_us"] = 1e6 * time_graph(graph_calls(split, reps))
     for rw in rows if M <= 128 and packed[0][0].dim() == 4 else ():
-        if not kernels.scratch_fits(kernels._plan(M, N, K, 0, rows=rw), N, kernels._sm_count(0)):
+        if not gemm.scratch_fits(gemm.plan_gemm(M, N, K, 0, rows=rw), N, sm_count(0)):
             continue  # fp8_gemm would run this one in token slices
 
         def tiled(i: int, rw: int = rw) -> torch.Tensor:
             wq, sw = packed[i % n]
-            return kernels._fp8_gemm_wgmma(xq, sx, wq, sw, rows=rw)
+            return gemm.fp8_gemm_wgmma(xq, sx, wq, sw, rows=rw)
 
-        out[f"wgmma_rows{rw}_us"] = 1e6 * time_graph(_calls(tiled, reps))
+        out[f"wgmma_rows{rw}_us"] = 1e6 * time_graph(graph_calls(tiled, reps))
     if packed[0][0].dim() == 4:
-        p = kernels._plan(min(M, kernels._wgmma_step(N, K, 0, env.gemm_cluster(), env.gemm_rows())), N, K, 0)
+        switches = env.kernel_switches()
+        p = gemm.plan_gemm(min(M, gemm.wgmma_step(N, K, 0, switches.gemm_cluster, switches.gemm_rows)), N, K, 0)
         if p.token_major:
             out["plan"] = f"token-major {p.rows} cols, K/{p.cluster}, {p.stages} st, {p.grid} CTAs"
         else:
             how = f"cluster {p.cluster}" if p.cluster > 1 else "global"
             out["plan"] = f"{p.rows} rows, {how}, {p.stages} st, {p.grid} CTAs"
-    out["fp8_linear_us"] = 1e6 * time_graph(_calls(linear, reps))
+    out["fp8_linear_us"] = 1e6 * time_graph(graph_calls(linear, reps))
     # torch._scaled_mm with per-tensor scales (the stock FP8 path); FP8 MMA needs M padded to 16.
     Mp = max(16, (M + 15) // 16 * 16)
     xp = torch.zeros(Mp, K, device=dev, dtype=torch.float8_e4m3fn)
@@ -157,7 +161,7 @@ def bench_gemm(N: int, K: int, M: int, stages: tuple[int, ...] = (), clusters: t
         return torch._scaled_mm(xp, wts[i % n].T, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
 
     try:
-        out["scaled_mm_us"] = 1e6 * time_graph(_calls(scaled, reps))
+        out["scaled_mm_us"] = 1e6 * time_graph(graph_calls(scaled, reps))
     except RuntimeError as e:  # not every torch build has every FP8 layout
         out["scaled_mm_error"] = str(e)[:200]  # type: ignore[assignment]
     w_bytes, a_bytes = N * K, M * K + M * N * 2 + (K // 128) * M * 4
@@ -188,15 +192,12 @@ def bench_mlp(M: int, dim: int = 2560, hidden: int = 9728, rows: tuple[int, ...]
         hq, sh = kernels.swiglu_quantize(h)
         return kernels.fp8_gemm(hq, sh, *dn[i % n])
 
-    b = 1e6 * time_graph(_calls(bf16, reps))
-    f = 1e6 * time_graph(_calls(fp8, reps))
+    b = 1e6 * time_graph(graph_calls(bf16, reps))
+    f = 1e6 * time_graph(graph_calls(fp8, reps))
     out = {"bf16_us": b, "fp8_us": f, "speedup_vs_bf16": b / f}
     for rw in rows:  # the GEMMs' tile height forced (read by fp8_gemm while the graph is captured)
-        os.environ["RTTS_GEMM_ROWS"] = str(rw)
-        try:
-            out[f"fp8_rows{rw}_us"] = 1e6 * time_graph(_calls(fp8, reps))
-        finally:
-            os.environ.pop("RTTS_GEMM_ROWS")
+        with env.override_kernel_switches(gemm_rows=rw):
+            out[f"fp8_rows{rw}_us"] = 1e6 * time_graph(graph_calls(fp8, reps))
     return out
 
 
@@ -222,8 +223,8 @@ def bench_attention(B: int, L: int, n_kv: int = 8, G: int = 4, D: int = 128) -> 
         k, v = kt[i % n]
         return torch.nn.functional.scaled_dot_product_attention(q4, k, v, enable_gqa=True)
 
-    ours = 1e6 * time_graph(_calls(ours_call, reps))
-    sdpa = 1e6 * time_graph(_calls(sdpa_call, reps))
+    ours = 1e6 * time_graph(graph_calls(ours_call, reps))
+    sdpa = 1e6 * time_graph(graph_calls(sdpa_call, reps))
     return {"ours_us": ours, "sdpa_us": sdpa, "ours_read_TBps": kv_bytes / (ours * 1e-6) / 1e12,
             "speedup_vs_sdpa": sdpa / ours}
 
@@ -303,7 +304,7 @@ def bench_prefill_gemm(N: int, K: int, M: int) -> dict[str, float]:
     def sliced(i: int) -> torch.Tensor:
         return kernels.fp8_linear(x, wps[i % n], sws[i % n])
 
-    out = {k: 1e6 * time_graph(_calls(f, 2 * n)) for k, f in
+    out = {k: 1e6 * time_graph(graph_calls(f, 2 * n)) for k, f in
            (("dequant_us", dequant), ("dense_us", dense), ("bf16_us", bf16), ("sliced_us", sliced))}
     ref.dequantize_bf16(wp, sw)  # the torch ops, timed eagerly (they are not all capturable)
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -334,7 +335,7 @@ def bench_snake(B: int, C: int, L: int) -> dict[str, float]:
     def torch_ops(i: int) -> torch.Tensor:
         return ref.snake(xs[i % n], alpha)
 
-    out = {k: 1e6 * time_graph(_calls(f, 2 * n)) for k, f in (("snake_us", ours), ("torch_us", torch_ops))}
+    out = {k: 1e6 * time_graph(graph_calls(f, 2 * n)) for k, f in (("snake_us", ours), ("torch_us", torch_ops))}
     out["snake_TBps"] = 8 * B * C * L / (out["snake_us"] * 1e-6) / 1e12  # 4 bytes read + 4 written per element
     return out
 
@@ -379,11 +380,11 @@ def main(argv: list[str] | None = None) -> None:
             "kernel, for comparison.", "",
             "| layer | N x K | M | torch bf16 us | torch _scaled_mm us | rtts fp8 GEMM us | plan | mma.sync us "
             "| + act quant us | TB/s (rtts) | TB/s (bf16) | speedup vs bf16 |", "|---" * 12 + "|"]
-    gemm: list[dict[str, Any]] = []
+    gemms: list[dict[str, Any]] = []
     for name, N, K in S2_GEMMS if "gemm" in sections else ():
         for M in ms:
             r = bench_gemm(N, K, M, stages, clusters, tile_rows)
-            gemm.append({"layer": name, "N": N, "K": K, "M": M, **r})
+            gemms.append({"layer": name, "N": N, "K": K, "M": M, **r})
             rows.append(f"| {name} | {N}x{K} | {M} | {r['bf16_us']:.1f} | {r.get('scaled_mm_us', float('nan')):.1f} "
                         f"| {r['fp8_gemm_us']:.1f} | {r.get('plan', '-')} | {r['mma_sync_us']:.1f} "
                         f"| {r['fp8_linear_us']:.1f} "
@@ -451,11 +452,9 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(f"| {B} | {C}x{L} | {r['snake_us']:.1f} | {r['snake_TBps']:.2f} | {r['torch_us']:.1f} "
                         f"| {r['torch_us'] / r['snake_us']:.1f}x |")
             print(rows[-1], flush=True)
-    from rtts.kernels import _jit
-
-    env = environment()
-    env["nvrtc"] = ".".join(map(str, _jit._cupy().cuda.nvrtc.getVersion()))
-    data = {"env": env, **bw, "gemm": gemm, "mlp": mlp, "attention": attn, "layer_ops": layer,
+    machine = environment()
+    machine["nvrtc"] = _jit.nvrtc_version()
+    data = {"env": machine, **bw, "gemm": gemms, "mlp": mlp, "attention": attn, "layer_ops": layer,
             "prefill": prefill, "codec": codec}
     tables = "\n".join(rows).split("\n## ")  # keep the tables of the sections timed
     keep = {"gemm": "FP8 GEMM", "mlp": "MLP block", "attention": "Decode attention", "layer": "Decode-step layer ops",

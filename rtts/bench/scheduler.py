@@ -24,12 +24,14 @@ import torch
 
 from rtts.bench.common import environment, write_results
 from rtts.engine.engine import DEFAULT_PREFILL_ROWS, Engine
+from rtts.env import CODEC_DTYPES
 from rtts.model.codec import CodecConfig
 from rtts.model.prompt import Reference
-from rtts.model.random_checkpoint import random_model
 from rtts.pingpong import AudioChunk, Scheduler, SchedulerConfig, TurnEnd
 from rtts.pingpong.slots import NoSlotError
+from rtts.runtime import decode_codec
 from rtts.startup import freeze_startup_objects
+from rtts.tools.random_checkpoint import random_model
 from rtts.types import FinishReason, SamplingParams
 
 LATENCY = "low"  # first chunk = one frame (see the module docstring)
@@ -218,6 +220,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="the real codec's chunk decodes from CUDA graphs (as `rtts serve` does)")
     p.add_argument("--prefill-graphs", action=argparse.BooleanOptionalAction, default=True,
                    help="turn-sized prompt chunks from CUDA graphs (as `rtts serve` does)")
+    p.add_argument("--codec-dtype", choices=CODEC_DTYPES, default="auto",
+                   help="the real codec's decode precision (as `rtts serve --codec-dtype`)")
     p.add_argument("--codec-tf32", action=argparse.BooleanOptionalAction, default=True,
                    help="the real codec decodes with TF32 tensor cores (as `rtts serve` does); off: true float32")
     p.add_argument("--fp8", action="store_true", help="block-scaled FP8 transformer linears (rtts quantize format)")
@@ -246,16 +250,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.codec in ("none", "both"):
         plans.append(("none", NullCodec(real_codec.config), conc))
     if args.codec in ("real", "both"):
-        plans.append(("real", real_codec, codec_conc))
+        plans.append(("real" if args.codec_dtype == "auto" else f"real {args.codec_dtype}",
+                      decode_codec(real_codec, args.codec_dtype), codec_conc))
     for name, codec, cs in plans:
         # (the null codec has nothing to capture)
-        cfg = SchedulerConfig(cuda_graphs=not args.no_graphs, codec_graphs=args.codec_graphs and name == "real",
+        cfg = SchedulerConfig(cuda_graphs=not args.no_graphs, codec_graphs=args.codec_graphs and name != "none",
                               prefill_graphs=args.prefill_graphs, codec_tf32=args.codec_tf32)
         sch = Scheduler(engine, codec, cfg).start()  # type: ignore[arg-type]
-        capture[name] = sch.runner.capture_seconds
-        if sch.prefill_graphs.graphs:
-            capture[f"{name} prefill"] = sch.prefill_graphs.capture_seconds
-        if sch.codec_worker.runner.graphs:
+        capture[name] = engine.decode_runner.capture_seconds if engine.decode_runner is not None else 0.0
+        if engine.prefill_runner is not None:
+            capture[f"{name} prefill"] = engine.prefill_runner.capture_seconds
+        if sch.codec_worker.runner is not None:
             capture[f"{name} codec"] = sch.codec_worker.runner.capture_seconds
         freeze_startup_objects()  # as `rtts serve` does: no full garbage collection walks the model mid-measurement
         for c in cs:

@@ -10,18 +10,22 @@ Frame bookkeeping follows the reference: frame 0 of a turn is sampled from the p
 repetition penalty, its token is never checked for `<|im_end|>`); each decode step feeds the previous frame's column
 and samples the next frame. A turn's kept codes are every sampled frame but the last (the `<|im_end|>` frame, or the
 frame that hit the cap), and exactly those are in the KV cache when the turn ends.
+
+After `capture_graphs()` the scheduler's batched operations (`decode_batch`, `prefill_batch`) replay CUDA graphs
+(rtts/engine/graphs/) instead of launching op by op; the engine owns those runners and alone replays them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Protocol
 
 import torch
 
 from rtts import kernels
 from rtts.engine import sampling
+from rtts.engine.graphs.decode import DecodeRunner
+from rtts.engine.graphs.prefill import FrameZeroRunner, PrefillRunner
 from rtts.kernels import draw
 from rtts.kernels.rng import exponential_noise
 from rtts.model.dual_ar import DualARTransformer
@@ -39,15 +43,6 @@ PENALTY_WINDOW = 16  # S1: last 16 frames
 S1_FAST_VOCAB = 1024  # S1 cuts the fast logits to the first 1024 before the penalty
 RAS_TEMPERATURE, RAS_TOP_P = 1.0, 0.9
 DRAW_MAIN, DRAW_RAS = 0, 1  # draw ids 2.. are the fast codebooks
-
-
-class PrefillGraphs(Protocol):
-    """What Engine.prefill_batch needs of graphs.PrefillRunner (defined there: it imports this module)."""
-
-    def bucket(self, batch: int, length: int, kv_len: int) -> tuple[int, int, int] | None: ...
-
-    def __call__(self, cols: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                 key: tuple[int, int, int]) -> torch.Tensor: ...
 
 
 @dataclass
@@ -103,9 +98,8 @@ class ContextFullError(RuntimeError):
     """A prefill would not fit in the slot's KV context."""
 
 
-# Prompts per prefill batch: a burst of turns starts in batches of it. 16, not 8: on one H200 (random S2-Pro, four
-# servers in turn, latency_reports/README.md) a burst of 32 turns reached first audio at p90 229-233 ms instead of
-# 282-288; bursts of 16 were the same. One more prefill graph bucket to capture.
+# Prompts per prefill batch: a burst of turns starts in batches of it. 16 rather than 8: a burst wider than 8 turns
+# reaches first audio sooner, for one more prefill graph bucket to capture (figures: bench/results/graphs/README.md).
 DEFAULT_PREFILL_ROWS = 16
 
 
@@ -144,9 +138,9 @@ class Engine:
         dev = self.device
         if dev.type == "cuda":
             # No cuDNN attention in this process: it builds a plan for every new shape, and every prefill is one (a
-            # new context length): 80-1100 ms on a turn's first audio on the H200 against a flat ~40 ms for the
-            # memory-efficient kernel (bench/probes/prefill_time.py). A process-wide flag, set once here rather than
-            # around each call: the prefill, decode and codec threads all run attention.
+            # new context length), on a turn's first audio; the memory-efficient kernel costs the same at every
+            # length (bench/probes/prefill_time.py; figures: bench/results/graphs/README.md). A process-wide flag,
+            # set once here rather than around each call: the prefill, decode and codec threads all run attention.
             torch.backends.cuda.enable_cudnn_sdp(False)
         # One spare position past max_ctx: a frozen slot that rides along in a step writes its K/V at `pos`, which
         # is max_ctx for a slot whose context is exactly full.
@@ -186,13 +180,31 @@ class Engine:
 
         self.noise: NoiseFn = exponential_noise
         self.trace: TraceFn | None = None  # debugging/test hook: receives intermediate tensors
-        # Set by graphs.FrameZeroRunner.capture(): frame 0 replayed from CUDA graphs (eager it is hundreds of launches)
-        self.frame_zero_graphs: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-        # Set by graphs.PrefillRunner.capture: turn-sized prompt chunks replay their forward from CUDA graphs.
-        self.prefill_graphs: PrefillGraphs | None = None
+        # CUDA-graph runners (rtts/engine/graphs/), set by capture_graphs(); until then everything runs eager.
+        self.decode_runner: DecodeRunner | None = None
+        self.frame_zero_runner: FrameZeroRunner | None = None
+        self.prefill_runner: PrefillRunner | None = None
         self.host_pos = [0] * (max_slots + 1)  # host mirror of state.pos, advanced by prefill() and decode()
         # The scratch slot is permanently frozen, so padded rows never advance it.
         self.state.finish[self.scratch_slot] = FinishReason.CANCELLED
+
+    # ------------------------------------------------------------------ CUDA graphs
+
+    def capture_graphs(self, prefill: bool = True, prefill_token_budget: int = 2048) -> None:
+        """Capture (CUDA only) and from now on replay the decode step (decode_batch) and turns' frame 0 (prefill_batch)
+        from CUDA graphs, and with `prefill` also turn-sized prompt chunks of up to prefill_token_budget padded
+        positions per batch. In that order; call it before any thread runs the engine."""
+        decode = DecodeRunner(self)
+        decode.capture()
+        self.decode_runner = decode
+        frame_zero = FrameZeroRunner(self)
+        frame_zero.capture()
+        self.frame_zero_runner = frame_zero
+        self.prefill_runner = None
+        if prefill:
+            chunks = PrefillRunner(self, max_positions=prefill_token_budget)
+            chunks.capture()
+            self.prefill_runner = chunks if chunks.graphs else None
 
     # ------------------------------------------------------------------ slot lifecycle
 
@@ -299,7 +311,7 @@ class Engine:
         B, S = len(items), max(lengths)
         kv_len = max(self.host_pos[it.slot] + t for it, t in zip(items, lengths))
         dev = self.device
-        graphs = self.prefill_graphs if self.trace is None else None
+        graphs = self.prefill_runner if self.trace is None else None
         key = graphs.bucket(B, S, kv_len) if graphs is not None else None
         cols, positions, slots = self.pack_prefill(items, *(key[:2] if key else (B, S)))
         if graphs is not None and key is not None:  # padded to the graph's shape by pack_prefill
@@ -316,8 +328,8 @@ class Engine:
             return None
         rows = torch.tensor(sampled, device=dev)
         last = torch.tensor([lengths[i] - 1 for i in sampled], device=dev)
-        if self.frame_zero_graphs is not None and self.trace is None:
-            return self.frame_zero_graphs(hidden[rows, last], slots[rows])
+        if self.frame_zero_runner is not None and self.trace is None:
+            return self.frame_zero_runner(hidden[rows, last], slots[rows])
         return self.frame_zero(hidden[rows, last], slots[rows])
 
     def pack_prefill(self, items: list[PrefillItem], batch: int, length: int
@@ -368,6 +380,16 @@ class Engine:
         for s in slots:
             self.host_pos[s] += 1
         return out
+
+    def decode_batch(self, slots: list[int], kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode thread's step: launch one step for `slots` (host list) on the current CUDA stream, replayed
+        from the decode graphs once captured -> (columns [>= n, rows], finish [>= n] int8) on the device; rows past
+        len(slots) are padding. Nothing here waits for the GPU, and host_pos is left alone: the caller bounds the
+        slots' KV lengths itself (kv_len: the longest, plus the position fed now)."""
+        if self.decode_runner is not None:
+            return self.decode_runner.step(slots, kv_len)
+        idx = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        return self.decode_step(idx, min(kv_len, self.max_ctx + 1))
 
     def decode_step(self, slots: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Graph-safe body: slots [B] int64 on the device -> (columns [B, rows], finish [B] int8).

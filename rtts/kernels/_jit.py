@@ -84,7 +84,7 @@ def _cupy() -> Any:
 
 def available() -> bool:
     """CUDA kernels can run here (a GPU, CuPy, and no RTTS_REFERENCE_KERNELS)."""
-    return not env.reference_kernels() and _gpu_and_cupy()
+    return not env.kernel_switches().reference_kernels and _gpu_and_cupy()
 
 
 @functools.cache  # asked on every wrapper call; neither answer changes within a process
@@ -120,11 +120,14 @@ def _module(name: str, name_expressions: tuple[str, ...], text: str, options: tu
     return mod
 
 
+def nvrtc_version() -> str:
+    """The NVRTC version kernels are compiled with, e.g. "13.0"."""
+    return ".".join(map(str, _cupy().cuda.nvrtc.getVersion()))
+
+
 def module(name: str, name_expressions: tuple[str, ...] = ()) -> Any:
     text = source(name)
-    cp = _cupy()
-    nvrtc = ".".join(map(str, cp.cuda.nvrtc.getVersion()))
-    src_hash = hashlib.sha256(f"{text}\0{nvrtc}".encode()).hexdigest()[:16]
+    src_hash = hashlib.sha256(f"{text}\0{nvrtc_version()}".encode()).hexdigest()[:16]
     options = (arch_option(), "--std=c++17", f"-DRTTS_SRC_HASH=0x{src_hash}")
     return _module(name, name_expressions, text, options)
 
@@ -138,6 +141,13 @@ def function(name: str, kernel: str, name_expressions: tuple[str, ...] = ()) -> 
 _SMEM_SET: dict[int, int] = {}
 
 
+def forget_compiled() -> None:
+    """Drop every compiled module and function (probes that patch `source` in memory, then recompile)."""
+    _module.cache_clear()
+    function.cache_clear()
+    _SMEM_SET.clear()
+
+
 def set_dynamic_smem(fn: Any, nbytes: int) -> None:
     """Allow `nbytes` of dynamic shared memory (above the 48 KB default) for `fn`; once per function and size,
     and before any graph capture (warmup() does it for every instance)."""
@@ -148,7 +158,8 @@ def set_dynamic_smem(fn: Any, nbytes: int) -> None:
 
 
 @functools.cache
-def _external_stream(ptr: int) -> Any:
+def external_stream(ptr: int) -> Any:
+    """CuPy's stream over torch's raw handle `ptr` (launches where the driver lacks cuLaunchKernelEx; probes)."""
     # NOTE: ExternalStream wraps the exact handle torch uses, including 0 (the legacy default stream). CuPy 14
     # deprecates it in favour of Stream.from_external, which ran our kernels out of order with torch's eager ops in a
     # test (results read before they were written), so the deprecated, exact wrapper stays.
@@ -168,12 +179,12 @@ def launch(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[A
     where the driver has it (module docstring). `cluster` > 1: thread-block clusters of that many CTAs along x (the
     grid must be a multiple of it).
     """
-    if _launch_kernel_ex() is not None:
+    if launch_kernel_ex() is not None:
         _launch_ex(fn, grid, block, args, shared_mem, pdl and pdl_available(), cluster)
         return
     if cluster > 1 or any(isinstance(a, TensorMap) for a in args):
         raise RuntimeError("cluster and tensor-map launches need the driver's cuLaunchKernelEx")
-    with _external_stream(stream_handle()):
+    with external_stream(stream_handle()):
         fn(grid, block, args, shared_mem=shared_mem)
 
 
@@ -181,7 +192,7 @@ class _LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, 4 bytes of p
     _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
 
 
-class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+class LaunchConfig(ctypes.Structure):  # CUlaunchConfig
     _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem", ctypes.c_uint),
                 ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
 
@@ -199,19 +210,20 @@ def _driver() -> Any:
 
 
 @functools.cache
-def _launch_kernel_ex() -> Any:
+def launch_kernel_ex() -> Any:
     """The driver's cuLaunchKernelEx, or None where the driver lacks it (then launches are plain)."""
     try:
         fn = _driver().cuLaunchKernelEx
     except AttributeError:
         return None
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    fn.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     return fn
 
 
 @functools.cache  # one array per (pdl, cluster), kept alive here: launches only point at it
-def _attribute_array(pdl: bool, cluster: int) -> tuple[Any, Any, int]:
+def attribute_array(pdl: bool, cluster: int) -> tuple[Any, Any, int]:
+    """The launch attributes for (pdl, cluster) as the driver reads them: (pointer, the array it points into, count)."""
     attrs = _attributes(pdl, cluster)
     arr = (_LaunchAttribute * max(1, len(attrs)))(*attrs)
     return ctypes.cast(arr, ctypes.POINTER(_LaunchAttribute)), arr, len(attrs)
@@ -238,7 +250,7 @@ def max_active_clusters(fn: Any, cluster: int, block: int, shared_mem: int) -> i
         return 0
     attrs = _attributes(False, cluster)
     arr = (_LaunchAttribute * len(attrs))(*attrs)
-    cfg = _LaunchConfig((ctypes.c_uint * 3)(cluster, 1, 1), (ctypes.c_uint * 3)(block, 1, 1), shared_mem, None,
+    cfg = LaunchConfig((ctypes.c_uint * 3)(cluster, 1, 1), (ctypes.c_uint * 3)(block, 1, 1), shared_mem, None,
                         ctypes.cast(arr, ctypes.POINTER(_LaunchAttribute)), len(attrs))
     n = ctypes.c_int(0)
     rc = drv.cuOccupancyMaxActiveClusters(ctypes.byref(n), ctypes.c_void_p(fn.kernel.ptr), ctypes.byref(cfg))
@@ -262,7 +274,7 @@ _U8, _SWIZZLE_128B, _L2_PROMOTE_128B = 0, 3, 2  # CU_TENSOR_MAP_DATA_TYPE_UINT8,
 
 def tensor_maps_available() -> bool:
     drv = _driver()
-    return drv is not None and hasattr(drv, "cuTensorMapEncodeTiled") and _launch_kernel_ex() is not None
+    return drv is not None and hasattr(drv, "cuTensorMapEncodeTiled") and launch_kernel_ex() is not None
 
 
 @functools.lru_cache(maxsize=4096)  # pure in its arguments; a captured graph keeps its own copy of the parameter
@@ -285,7 +297,7 @@ def tensor_map_2d(ptr: int, rows: int, cols: int, box_rows: int, box_cols: int) 
 
 
 def pdl_available() -> bool:
-    return not env.no_pdl() and _launch_kernel_ex() is not None
+    return not env.kernel_switches().no_pdl and launch_kernel_ex() is not None
 
 
 # Kernel argument packing, by exact Python type: (struct code, alignment). Device pointers are Python ints (8 bytes);
@@ -306,7 +318,7 @@ class _ArgBlock:
     maps: tuple[int, ...]  # argument positions holding a TensorMap (packed as its bytes)
 
 
-_TLS = threading.local()  # per thread: {signature: _ArgBlock} and {launch shape: _LaunchConfig}
+_TLS = threading.local()  # per thread: {signature: _ArgBlock} and {launch shape: LaunchConfig}
 
 
 def _arg_block(sig: tuple[type, ...]) -> _ArgBlock:
@@ -335,15 +347,15 @@ def _arg_block(sig: tuple[type, ...]) -> _ArgBlock:
 
 
 def _launch_config(grid: tuple[int, ...], block: tuple[int, ...], shared_mem: int, pdl: bool,
-                   cluster: int) -> _LaunchConfig:
+                   cluster: int) -> LaunchConfig:
     """This thread's launch config for a shape (the stream is set per launch)."""
-    configs: dict[tuple[Any, ...], _LaunchConfig] = _TLS.__dict__.setdefault("configs", {})
+    configs: dict[tuple[Any, ...], LaunchConfig] = _TLS.__dict__.setdefault("configs", {})
     key = (grid, block, shared_mem, pdl, cluster)
     cfg = configs.get(key)
     if cfg is None:
-        attr_ptr, _, n_attrs = _attribute_array(pdl, cluster)
+        attr_ptr, _, n_attrs = attribute_array(pdl, cluster)
         g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
-        cfg = _LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), shared_mem, None, attr_ptr, n_attrs)
+        cfg = LaunchConfig((ctypes.c_uint * 3)(*g), (ctypes.c_uint * 3)(*b), shared_mem, None, attr_ptr, n_attrs)
         configs[key] = cfg
     return cfg
 
@@ -356,6 +368,6 @@ def _launch_ex(fn: Any, grid: tuple[int, ...], block: tuple[int, ...], args: tup
     blk.packer.pack_into(blk.buf, blk.offset, *args)
     cfg = _launch_config(grid, block, shared_mem, pdl, cluster)
     cfg.stream = stream_handle()
-    rc = _launch_kernel_ex()(ctypes.byref(cfg), fn.kernel.ptr, blk.params, None)
+    rc = launch_kernel_ex()(ctypes.byref(cfg), fn.kernel.ptr, blk.params, None)
     if rc != 0:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {rc}")

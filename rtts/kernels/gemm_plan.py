@@ -7,7 +7,10 @@ the CPU tests check every plan the GPU would launch.
   token stages, share buffers of a settling CTA.
 - `wgmma_tm_plan`: the token-major kernel (cuda/fp8_gemm_wgmma_tm.cu), up to 64 tokens on layers that cut into one
   whole-K (or half-K pair) tile per SM: tile width, K split, stages (`prefer_token_major`: where it runs).
-- `gemm_plan`: the portable mma.sync kernel (cuda/fp8_gemm.cu).
+- `mma_plan`: the portable mma.sync kernel (cuda/fp8_gemm.cu).
+
+The constants below were tuned on an H200; the measurements behind them are in bench/results/traces/README.md
+("Figures moved out of code comments").
 """
 
 from __future__ import annotations
@@ -16,59 +19,49 @@ import functools
 import math
 from typing import NamedTuple
 
-_SMS = 132  # H200: the mma.sync split-K plan and attention_splits' default (callers on a GPU pass the real count)
+SMS = 132  # H200: the mma.sync split-K plan and attention_splits' default (callers on a GPU pass the real count)
 
 _NT = (1, 2, 4, 8, 16)
-_GEMM_INSTANCES = tuple(f"fp8_gemm<{nt},{w},{str(s).lower()}>" for nt in _NT for w in (4, 8) for s in (False, True))
+GEMM_INSTANCES = tuple(f"fp8_gemm<{nt},{w},{str(s).lower()}>" for nt in _NT for w in (4, 8) for s in (False, True))
 
 # wgmma kernel (sm_90a): packed weights streamed by bulk copies through a ring of 16 KB stages.
-_WGMMA_NT = (8, 16, 32, 64, 128)  # token tile widths (M <= 128 per launch)
-_LEAN_NT = 16  # tiles up to this width run the 96-register instance, two CTAs per SM (see the kernel)
-_CLUSTER_NT = 64  # widest tile with a cluster-settled instance (its shares must fit in the weight ring)
-_TILE_ROWS = 128  # weight rows per iteration (one 128x128 scale block)
+WGMMA_NT = (8, 16, 32, 64, 128)  # token tile widths (M <= 128 per launch)
+LEAN_NT = 16  # tiles up to this width run the 96-register instance, two CTAs per SM (see the kernel)
+CLUSTER_NT = 64  # widest tile with a cluster-settled instance (its shares must fit in the weight ring)
+TILE_ROWS = 128  # weight rows per iteration (one 128x128 scale block)
 _TILE_BYTES = 128 * 128
-_WGMMA_THREADS = 256 + 64  # two consumer warpgroups, a producer warp and a publisher warp
-_SMEM_LIMIT = 227 * 1024 - 64  # per CTA, less the kernel's static shared memory
+WGMMA_THREADS = 256 + 64  # two consumer warpgroups, a producer warp and a publisher warp
+SMEM_LIMIT = 227 * 1024 - 64  # per CTA, less the kernel's static shared memory
 # Two CTAs per SM (lean instances): 228 KB per SM, less 1 KB reserved per CTA and the static shared memory.
-_SMEM_PAIR_LIMIT = 112 * 1024
-_MAX_STAGES = 4  # one CTA per SM: 8 measured 0-1.4 us slower per GEMM than 4 on the H200 (bench --stages)
+SMEM_PAIR_LIMIT = 112 * 1024
+_MAX_STAGES = 4  # one CTA per SM: deeper rings measured slower per GEMM
 _MAX_STAGES_LEAN = 6  # two per SM: the next GEMM prefetches this much while the previous one settles
 # ... but no more than half of a CTA's range: what the next GEMM prefetches competes for HBM with the tail of the one
-# it waits for. Measured on the H200 (session 12, kernel bench --stages, tokens by TMA; 1 / 16 tokens): wqkv (8
-# iterations per CTA) 6 -> 4 stages 7.3 -> 6.7 / 7.0 -> 6.8 us, wo (5) 6 -> 3 6.2 -> 5.7 / 6.7 -> 6.0, w2 (12)
-# best at 6 (8.9 vs 9.1 at 4), gate|up (24) 4-5 within 0.1.
+# it waits for.
 _LEAN_RANGE_SHARE = 0.5
 _MIN_STAGES = 2
-_MAX_CLUSTER = 8  # portable cluster size
+MAX_CLUSTER = 8  # portable cluster size
 # Auto plan: global stream-K settlement has one CTA read every other share of a tile from L2 after the stream, so
 # it costs about this many 16 KB blocks of that SM's weight stream per byte-equivalent block of shares read beyond
-# one (fitted to H200 timings, session 4, bench --clusters: at 8 tokens global beats clusters on every S2-Pro shape,
-# at 64 tokens clusters win for wo, whose tiles global splits over 8 CTAs). Cluster settlement spreads the reading.
+# one (a fit to timings: global wins at few tokens, clusters where global splits a tile over many CTAs). Cluster
+# settlement spreads the reading.
 _SETTLE_COST = 0.35
-_MAX_GRID_PER_SM = 4  # stream-K scratch is sized for this many CTAs per SM
+MAX_GRID_PER_SM = 4  # stream-K scratch is sized for this many CTAs per SM
 
 # 64-row kernel (cuda/fp8_gemm_wgmma64.cu) for 17-128 tokens: one consumer warpgroup per 64-row half tile, tokens
 # streamed through the ring by tensor-map TMA, two CTAs per SM.
 _H_NT = (32, 64, 128)
-_H_ROWS = 64
-_H_BYTES = _H_ROWS * 128
-_H_THREADS = 128 + 64
-# Weight stages (8 KB each). Measured on the H200 (bench/probes/gemm64_grid.py, session 5): deeper rings, which let
-# the next GEMM prefetch more of its stream while this one runs, were no faster (wo 64 tokens: 3/4/6/9 stages
-# 8.5/8.4/8.6/9.0 us); with two CTAs per SM 3-4 were best too.
+H_ROWS = 64
+_H_BYTES = H_ROWS * 128
+H_THREADS = 128 + 64
+# Weight stages (8 KB each): deeper rings, which let the next GEMM prefetch more of its stream, were no faster.
 _H_MAX_STAGES = 4
 _H_TOKEN_STAGES = 4  # token stages (3 at 128 tokens, 16 KB each): tokens come from L2, a short round trip
 # CTAs per SM by layer length (iterations one CTA per SM would stream): at _H_LONG_ITERS or more, two of the layer's
 # own per SM; from _H_MID_ITERS, one or two (1.5 on average); below, one, leaving the second slot to the next GEMM.
-# Measured on the H200 (bench/probes/gemm64_grid.py, session 5): gate|up at 64 tokens (47 iterations at one per SM)
-# 21.3 -> 17.6 us at two per SM, w2 (23) 13.0 -> 12.5; wqkv (15) 9.8 -> 9.4 at 1.5 (32 tokens 8.7 -> 7.9), 9.8 at
-# two; wo (10) 8.4 at one, 8.9 at 1.5, 9.8 at two. A lone CTA's single consumer warpgroup, not its ring depth, seems
-# to bound its stream (more stages did not help; a second CTA of the same GEMM did). The token tile shifts this
-# (bench/probes/gemm64_wgs.py at 8af51e9, session 9, one warpgroup): alone, at 32 tokens 1.5 per SM was best on every
-# S2-Pro linear (wo 6.68 -> 6.44 us, w2 10.92 -> 10.16, gate|up 18.05 -> 17.21, wqkv 7.49 already), and at 128
-# tokens the mid-length wqkv wants one (13.43 -> 12.53 us). But in the MLP chain (gate|up -> SwiGLU-quantize -> w2)
-# 1.5 for the long layers at 32 tokens made the block slower (31.9 -> 37.4 us, kernel bench at 29b7378), so only
-# short layers move up to 1.5 at 32 tokens.
+# A lone CTA's single consumer warpgroup, not its ring depth, seems to bound its stream (a second CTA of the same GEMM
+# helped where more stages did not). The token tile shifts this: at 32 tokens short layers move up to 1.5 (long ones
+# made the MLP chain slower there), and at 128 tokens mid-length layers drop to one (h_ctas_per_sm).
 _H_LONG_ITERS = 20
 _H_MID_ITERS = 12
 
@@ -81,36 +74,28 @@ def h_ctas_per_sm(nt: int, T: int, sms: int) -> float:
     return 1.0 if nt >= 128 and per_sm == 1.5 else per_sm
 
 
-_H_INSTANCES = tuple(f"fp8_gemm_wgmma64<{nt}>" for nt in _H_NT)
+H_INSTANCES = tuple(f"fp8_gemm_wgmma64<{nt}>" for nt in _H_NT)
 
 
 # Token-major kernel (cuda/fp8_gemm_wgmma_tm.cu) for up to 64 tokens: tokens on the wgmma M side, tiles of up to WN
 # weight rows over all of K (S = 1) or half of it in a cluster pair (S = 2), one per SM, no stream-K.
-_TM_NT = (32, 64)
+TM_NT = (32, 64)
 _TM_WN = (16, 24, 32, 40, 48)  # tile widths compiled (the planner picks among them; 64 spills at 96 registers)
-_TM_THREADS = 256 + 32  # two consumer warpgroups and a producer warp
+TM_THREADS = 256 + 32  # two consumer warpgroups and a producer warp
 _TM_TOKEN_BYTES = 8192  # a token stage: the MMA's 64 rows x 128
 # Both rings have even stage counts: the two consumer warpgroups take alternate K blocks, so with an even count each
 # stage is only ever used by one of them. With an odd one a warpgroup could reach a stage's next use while the other
-# warpgroup's load into it (one phase earlier) was still pending, and the parity wait would pass it (session 12's
-# probe hung on a three-stage ring). Six token stages leave room for eight weight stages at WN = 48 and for a pair's
-# receive buffer: measured on the H200 (session 15, bench/probes/gemm_tm.py, two runs), wqkv at 16 / 32 / 64 tokens
-# 6.31-6.38 / 6.36-6.38 / 6.45-6.58 us with 6 token and 8 weight stages, against 6.57-6.60 / 6.64-6.65 / 6.72-6.96
-# with 8 and 6 (4 and 8: 6.58-6.65 / 6.63-6.72 / 6.81-6.93); wo's pairs are fastest with 6 and 8 as well.
+# warpgroup's load into it (one phase earlier) was still pending, and the parity wait would pass it (a three-stage
+# ring hung). Six token stages leave room for eight weight stages at WN = 48 and for a pair's receive buffer (the
+# fastest split of the ring measured).
 _TM_TOKEN_STAGES = 6
-_TM_MAX_STAGES = 8
-# Auto plans only for layers of at most this many K blocks per CTA: measured on the H200 (session 12, one CTA per
-# SM, PDL chain), wqkv (20 per CTA) and wo (16) ran faster than stream-K (64 tokens: 9.4 -> 7.4, 7.9 -> 6.8 us) and
-# w2 (38) slower (12.5 -> 14.1).
+TM_MAX_STAGES = 8
+# Auto plans only for layers of at most this many K blocks per CTA: longer ones (w2) ran slower than stream-K.
 _TM_MAX_ITERS = 24
-# Where the planner prefers token-major plans to stream-K: from this many tokens, whole-K plans and cluster pairs alike
-# (H200, PDL chain, bench/results/traces). Whole-K: session 13, wqkv 16 tokens 6.5 us against the lean kernel's 6.8;
-# at 8 tokens 6.55 against 6.47, at 1 7.4 against 6.5. Pairs: session 14, since the pair's ranks push each other their
-# totals, wo 17 / 32 / 64 tokens 5.8 / 5.8 / 5.8 us against the 64-row stream-K kernel's 6.3 / 6.4 / 7.8; session 15,
-# with six token stages, bench/probes/gemm_tm.py twice: wo 16 tokens 5.80-5.84 against the lean kernel's 5.96-6.04,
-# 8 tokens 5.80-5.85 against 5.58-5.64, and wqkv's whole-K plan at 8 tokens 6.56-6.62 against 6.42-6.49.
+# Where the planner prefers token-major plans to stream-K: from this many tokens, whole-K plans and cluster pairs
+# alike (below it the lean 128-row kernel measured faster).
 _TM_MIN_M = 9
-_TM_INSTANCES = tuple(f"fp8_gemm_wgmma_tm<{nt},{wn},{s}>" for nt in _TM_NT for wn in _TM_WN for s in (1, 2))
+TM_INSTANCES = tuple(f"fp8_gemm_wgmma_tm<{nt},{wn},{s}>" for nt in TM_NT for wn in _TM_WN for s in (1, 2))
 
 
 class WgmmaPlan(NamedTuple):
@@ -123,27 +108,27 @@ class WgmmaPlan(NamedTuple):
     smem: int  # dynamic shared memory per CTA
     cluster: int  # CTAs per cluster (1: none)
     iters: int  # the most iterations (weight blocks of `rows` x 128) any CTA streams
-    rows: int = _TILE_ROWS  # weight rows per tile: 128 (fp8_gemm_wgmma) or 64 (fp8_gemm_wgmma64, global stream-K)
+    rows: int = TILE_ROWS  # weight rows per tile: 128 (fp8_gemm_wgmma) or 64 (fp8_gemm_wgmma64, global stream-K)
     tstages: int = 0  # 64 rows: token stages (`stages` counts its 8 KB weight stages)
     slots: int = 0  # 64 rows: shares a settling CTA copies into shared memory at once
     token_major: bool = False  # fp8_gemm_wgmma_tm: `rows` = the tile width WN, `cluster` = the K split S
 
 
-def _wgmma_instance(nt: int, cluster: bool) -> str:
-    name = "fp8_gemm_wgmma_lean" if nt <= _LEAN_NT else "fp8_gemm_wgmma"
+def wgmma_instance(nt: int, cluster: bool) -> str:
+    name = "fp8_gemm_wgmma_lean" if nt <= LEAN_NT else "fp8_gemm_wgmma"
     return f"{name}<{nt},{'true' if cluster else 'false'}>"
 
 
-_WGMMA_INSTANCES = tuple(_wgmma_instance(nt, cl) for nt in _WGMMA_NT for cl in (False, True)
-                         if not (cl and nt > _CLUSTER_NT)) + tuple(
-    f"fp8_gemm_wgmma_lean_tma<{nt}>" for nt in _WGMMA_NT if nt <= _LEAN_NT)
+WGMMA_INSTANCES = tuple(wgmma_instance(nt, cl) for nt in WGMMA_NT for cl in (False, True)
+                         if not (cl and nt > CLUSTER_NT)) + tuple(
+    f"fp8_gemm_wgmma_lean_tma<{nt}>" for nt in WGMMA_NT if nt <= LEAN_NT)
 
 
 def wgmma_smem_bytes(nt: int, blocks: int, stages: int, iters: int, cluster: bool = False) -> int:
     """Dynamic shared memory of one CTA: `stages` 16 KB weight stages, `blocks` K blocks of NT tokens (bytes and
     scales), the weight scales of its `iters` iterations, the parked share of its first tile (cluster settlement),
     two mbarriers per stage and the tokens' (TMA instances), 1 KB of alignment slack."""
-    slot = _TILE_ROWS * nt * 4 if cluster else 0
+    slot = TILE_ROWS * nt * 4 if cluster else 0
     return 1024 + stages * _TILE_BYTES + blocks * nt * (128 + 4) + 4 * iters + slot + 16 * stages + 16
 
 
@@ -157,23 +142,23 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
       - global stream-K: one CTA per SM, each a contiguous T/grid range;
       - clusters of cs CTAs (2..8, NT <= 64): G clusters of whole tiles, each split over its CTAs; G is bounded by
         the SMs and by `capacity[cs]`, how many such clusters the GPU co-schedules one CTA per SM (default
-        sms // cs; kernels._cluster_capacity asks the driver). The planner only picks even splits (every cluster
+        sms // cs; gemm.cluster_capacity asks the driver). The planner only picks even splits (every cluster
         the same tiles, every CTA the same blocks): on the H200 uneven ones (a cluster barrier waits for its
         busiest CTA) measured slower than global stream-K.
     Stages: as many (up to _MAX_STAGES, or _MAX_STAGES_LEAN for the two-per-SM lean tiles within half an SM's shared
     memory) as the memory the token blocks leave allows (a CTA holds min(K/128, its iterations) of them), and for the
     lean tiles' global plans at most half the CTA's range (_LEAN_RANGE_SHARE); `stages` lowers that. When fewer than
     two fit, a global plan grows its grid."""
-    nt = next(n for n in _WGMMA_NT if n >= M)
-    KB, tiles = K // 128, N // _TILE_ROWS
+    nt = next(n for n in WGMMA_NT if n >= M)
+    KB, tiles = K // 128, N // TILE_ROWS
     T = tiles * KB
-    lean = nt <= _LEAN_NT
-    ring_min = -(-(_TILE_ROWS * nt * 4) // _TILE_BYTES)  # stages a cluster plan parks a share in
+    lean = nt <= LEAN_NT
+    ring_min = -(-(TILE_ROWS * nt * 4) // _TILE_BYTES)  # stages a cluster plan parks a share in
 
     def stages_for(iters: int, cl: bool) -> tuple[int, int]:
         blocks = min(KB, iters)
-        budgets = ((_SMEM_PAIR_LIMIT, _MAX_STAGES_LEAN), (_SMEM_LIMIT, _MAX_STAGES)) if lean else \
-            ((_SMEM_LIMIT, _MAX_STAGES),)
+        budgets = ((SMEM_PAIR_LIMIT, _MAX_STAGES_LEAN), (SMEM_LIMIT, _MAX_STAGES)) if lean else \
+            ((SMEM_LIMIT, _MAX_STAGES),)
         for limit, most in budgets:
             room = limit - wgmma_smem_bytes(nt, blocks, 0, iters, cl)
             st = min(most, room // (_TILE_BYTES + 16))
@@ -193,14 +178,14 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
                 break
             grid = min(T, grid + max(1, sms // 4))
         sharers = -(-KB // iters) + (1 if KB % iters else 0)  # the most CTAs one tile is split over
-        share_blocks = _TILE_ROWS * nt * 4 / _TILE_BYTES  # one parked share, in 16 KB blocks
+        share_blocks = TILE_ROWS * nt * 4 / _TILE_BYTES  # one parked share, in 16 KB blocks
         if lean and st >= _MIN_STAGES:
             st = max(_MIN_STAGES, min(st, math.ceil(_LEAN_RANGE_SHARE * iters)))
             smem = wgmma_smem_bytes(nt, min(KB, iters), st, iters)
         options.append((iters + _SETTLE_COST * max(0, sharers - 2) * share_blocks,
                         WgmmaPlan(nt, st, grid, smem, 1, iters)))
-    if nt <= _CLUSTER_NT:
-        for cs in range(2, _MAX_CLUSTER + 1) if cluster is None else (cluster,) if cluster > 1 else ():
+    if nt <= CLUSTER_NT:
+        for cs in range(2, MAX_CLUSTER + 1) if cluster is None else (cluster,) if cluster > 1 else ():
             cap = capacity[cs] if capacity is not None else sms // cs
             G = min(tiles, sms // cs, cap)
             if G < 1 or tiles // G * KB < cs:  # every CTA needs at least one block
@@ -209,7 +194,7 @@ def wgmma_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, clus
                 continue
             iters = -(-(-(-tiles // G) * KB) // cs)
             st, smem = stages_for(iters, True)
-            if smem <= _SMEM_LIMIT:
+            if smem <= SMEM_LIMIT:
                 options.append((iters, WgmmaPlan(nt, st, G * cs, smem, cs, iters)))
     if not options:
         raise ValueError(f"no wgmma plan for {M}x{N}x{K} with cluster={cluster}")
@@ -225,7 +210,7 @@ def wgmma64_smem_bytes(nt: int, stages: int, tstages: int, iters: int, slots: in
     """Dynamic shared memory of one 64-row CTA: the ring region (`stages` 8 KB weight stages and `tstages` NT x 128
     token stages, reused after the loop for `slots` FP32 shares of 64 x NT), NT scales per token stage, the weight
     scales of its `iters` iterations, two mbarriers per stage and one for settling, 1 KB of alignment slack."""
-    region = max(stages * _H_BYTES + tstages * nt * 128, slots * _H_ROWS * nt * 4)
+    region = max(stages * _H_BYTES + tstages * nt * 128, slots * H_ROWS * nt * 4)
     return 1024 + region + tstages * nt * 4 + 4 * iters + 16 * (stages + tstages) + 16
 
 
@@ -233,12 +218,12 @@ def settle_batches(N: int, K: int, grid: int, slots: int) -> int:
     """Rounds in which the settling CTAs of a 64-row plan over `grid` CTAs copy the other shares of their tiles, `slots`
     at a time: the most other sharers any tile has (the kernel's unit_owner split), over `slots`, rounded up."""
     KB = K // 128
-    T = N // _H_ROWS * KB
+    T = N // H_ROWS * KB
 
     def owner(u: int) -> int:
         return ((u + 1) * grid + T - 1) // T - 1
 
-    most = max(owner(t * KB + KB - 1) - owner(t * KB) for t in range(N // _H_ROWS))
+    most = max(owner(t * KB + KB - 1) - owner(t * KB) for t in range(N // H_ROWS))
     return -(-most // slots)
 
 
@@ -251,19 +236,18 @@ def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, gr
     _H_MAX_STAGES weight stages, within half an SM's shared memory; `stages` lowers the weight stages; `grid` replaces
     the planner's CTA count (probes). Of the grids down to the fewest CTAs with the same most iterations per CTA (and
     not below the SM count), the largest whose settling CTAs copy their tiles' other shares in the fewest rounds
-    (settle_batches): each round is a dependent L2 round trip at the very end of the GEMM, while the next one streams.
-    Measured on the H200 (session 15, bench/probes/gemm64_bounds.py --grids): w2 at 64 tokens, 7 other shares in 6 slots
-    on 256-264 CTAs (two rounds) 11.9-12.0 us, on 260 or 236-250 CTAs (one) 11.0-11.1. Raises ValueError where not even
-    one weight stage fits (huge layers on few SMs): the caller plans the 128-row kernel."""
-    if M > _H_NT[-1] or N % _H_ROWS or K % 128:
+    (settle_batches): each round is a dependent L2 round trip at the very end of the GEMM, while the next one streams
+    (one round less measured about 1 us faster). Raises ValueError where not even one weight stage fits (huge layers
+    on few SMs): the caller plans the 128-row kernel."""
+    if M > _H_NT[-1] or N % H_ROWS or K % 128:
         raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K}")
     nt = next(n for n in _H_NT if n >= M)
-    T = N // _H_ROWS * (K // 128)
+    T = N // H_ROWS * (K // 128)
     forced = grid is not None
     grid = min(T, int(h_ctas_per_sm(nt, T, sms) * sms) if grid is None else grid)
     iters = -(-T // grid)
     ts = _H_TOKEN_STAGES if nt <= 64 else _H_TOKEN_STAGES - 1
-    room = _SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, 0, ts, iters)
+    room = SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, 0, ts, iters)
     st = min(_H_MAX_STAGES, room // (_H_BYTES + 16))
     if st < 1:
         raise ValueError(f"no 64-row wgmma plan for {M}x{N}x{K}: {iters} iterations per CTA leave no room")
@@ -271,16 +255,15 @@ def wgmma64_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, gr
         st = max(1, min(st, stages))
     # A settling CTA reads the other shares of its tile (at most ceil((KB - 1) / (iters - 1)) of them) in batches of
     # `slots`: as many as half an SM's shared memory holds in the ring region (at least one: the ring is longer).
-    share = _H_ROWS * nt * 4
+    share = H_ROWS * nt * 4
     others = -(-(K // 128 - 1) // max(1, iters - 1))
     ring = st * _H_BYTES + ts * nt * 128
-    slots = max(1, min(others, (_SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, st, ts, iters) + ring) // share))
+    slots = max(1, min(others, (SMEM_PAIR_LIMIT - wgmma64_smem_bytes(nt, st, ts, iters) + ring) // share))
     if not forced:  # every grid in range(-(-T // iters), grid + 1) has the same `iters`, hence the same slots; none
-        # goes below the SM count (measured, session 12: grids short of it leave SMs to the next GEMM's CTAs, which
-        # then land two to an SM)
+        # goes below the SM count (grids short of it leave SMs to the next GEMM's CTAs, which then land two to an SM)
         low = max(-(-T // iters), min(grid, sms))
         grid = min(range(grid, low - 1, -1), key=lambda g: settle_batches(N, K, g, slots))
-    return WgmmaPlan(nt, st, grid, wgmma64_smem_bytes(nt, st, ts, iters, slots), 1, iters, _H_ROWS, ts, slots)
+    return WgmmaPlan(nt, st, grid, wgmma64_smem_bytes(nt, st, ts, iters, slots), 1, iters, H_ROWS, ts, slots)
 
 
 def wgmma_tm_smem_bytes(wn: int, stages: int, tstages: int, iters: int, split: int = 1) -> int:
@@ -295,18 +278,18 @@ def wgmma_tm_smem_bytes(wn: int, stages: int, tstages: int, iters: int, split: i
 
 @functools.cache
 def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, split: int | None = None,
-                  tstages: int | None = None) -> WgmmaPlan:
+                  tstages: int | None = None, max_stages: int = TM_MAX_STAGES) -> WgmmaPlan:
     """The token-major kernel's plan for 1-64 tokens (prefer_token_major says where it runs): one CTA per SM (the kernel
     says why), as T = sms / S tiles of whole 8-row groups over all of K (S = 1) or in cluster pairs over half of it each
     (S = 2, K/128 even): the S with the fewer weight bytes on the busiest CTA (ties: no split), its widest tile rounded
     up to a compiled width (_TM_WN); only splits whose tiles fill every SM, and at most _TM_MAX_ITERS K blocks per CTA
     (`split` forces S and skips both checks: tests, probes; `sms` below the GPU's gives fewer, wider tiles).
     _TM_TOKEN_STAGES token stages (`tstages` replaces them), and as many weight stages as the rest of half an SM's
-    shared memory holds, up to _TM_MAX_STAGES (`stages` lowers them); both even, at least two. Raises ValueError where
-    nothing qualifies: the caller plans another kernel."""
-    if not 0 < M <= _TM_NT[-1] or N % 8 or K % 128:
+    shared memory holds, up to `max_stages` (probes lift it; `stages` lowers them); both even, at least two. Raises
+    ValueError where nothing qualifies: the caller plans another kernel."""
+    if not 0 < M <= TM_NT[-1] or N % 8 or K % 128:
         raise ValueError(f"no token-major wgmma plan for {M}x{N}x{K}")
-    nt = next(n for n in _TM_NT if n >= M)
+    nt = next(n for n in TM_NT if n >= M)
     KB, G = K // 128, N // 8
     options = []
     for s in (1, 2) if split is None else (split,):
@@ -323,8 +306,8 @@ def wgmma_tm_plan(M: int, N: int, K: int, sms: int, stages: int | None = None, s
     iters = KB // s
     ts = _TM_TOKEN_STAGES if tstages is None else tstages
     ts -= ts % 2
-    room = _SMEM_PAIR_LIMIT - wgmma_tm_smem_bytes(w, 0, ts, iters, s)
-    st = min(_TM_MAX_STAGES, room // (w * 128 + 16))
+    room = SMEM_PAIR_LIMIT - wgmma_tm_smem_bytes(w, 0, ts, iters, s)
+    st = min(max_stages, room // (w * 128 + 16))
     if stages is not None:
         st = min(st, stages)
     st -= st % 2
@@ -339,7 +322,7 @@ def prefer_token_major(M: int) -> bool:
     return M >= _TM_MIN_M
 
 
-def gemm_plan(M: int, N: int, K: int) -> tuple[int, int, int, int]:
+def mma_plan(M: int, N: int, K: int) -> tuple[int, int, int, int]:
     """mma.sync kernel (GPUs without wgmma): (NT, warps, splits, K blocks per split): enough CTAs to fill the GPU,
     split-K only while the FP32 partials stay small next to the weight bytes."""
     nt = next(n for n in _NT if n * 8 >= M)
@@ -347,6 +330,6 @@ def gemm_plan(M: int, N: int, K: int) -> tuple[int, int, int, int]:
     ctas = math.ceil(N / (warps * 16))
     KB = K // 128
     max_split = max(1, min(KB, K // (4 * M)))
-    splits = max(1, min(max_split, math.ceil(2 * _SMS / ctas)))
+    splits = max(1, min(max_split, math.ceil(2 * SMS / ctas)))
     per = math.ceil(KB / splits)
     return nt, warps, math.ceil(KB / per), per

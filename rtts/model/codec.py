@@ -1,6 +1,6 @@
 """ModifiedDAC codec (S1 and S2 share it): config, whole-utterance decode/encode, loading.
 
-MODEL_SPEC.md §13-15 and the golden READMEs (tiny-s2 §7, tiny-s1 §8) are the source. The decode path is
+docs/formats.md, docs/architecture.md and tests/golden/README.md are the source. The decode path is
 fully causal, so `decode_stream` (see `codec_stream.py`) reproduces `decode` chunk by chunk.
 """
 

@@ -1,4 +1,4 @@
-"""Building blocks of the ModifiedDAC codec (MODEL_SPEC.md §13-15), inference only.
+"""Building blocks of the ModifiedDAC codec (docs/architecture.md, the model), inference only.
 
 Module and attribute names follow the release `codec.pth` key layout (`...block.1.conv.weight`,
 `...layers.0.attention.wqkv.weight`), so a fused state dict loads with `load_state_dict(strict=True)`.
@@ -52,7 +52,7 @@ class CodecTransformerConfig:
 
 class CausalConv1d(nn.Module):
     """Conv1d with causal padding: `(k-1)*d + 1 - stride` zeros on the left, and on the right only what
-    completes the last stride (MODEL_SPEC §14), so the output has `ceil(L / stride)` steps.
+    completes the last stride (docs/architecture.md: causal padding), so the output has `ceil(L / stride)` steps.
 
     `weight_norm` records how the release file spells this conv's weight (parametrized g/v or plain).
     """
@@ -91,7 +91,7 @@ class CausalConv1d(nn.Module):
 
 
 class CausalConvTranspose1d(nn.Module):
-    """ConvTranspose1d whose output is trimmed by `k - stride` samples on the right (MODEL_SPEC §14):
+    """ConvTranspose1d whose output is trimmed by `k - stride` samples on the right (docs/architecture.md):
     L input steps -> L * stride output samples, each output block depending on its own input step and the
     `context` previous ones (k = 2s: one previous step).
 

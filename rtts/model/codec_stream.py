@@ -1,4 +1,4 @@
-"""Exact incremental decoding of the ModifiedDAC codec (MODEL_SPEC.md §15).
+"""Exact incremental decoding of the ModifiedDAC codec (docs/architecture.md, the model: streaming decode).
 
 The decode path (VQ sum -> windowed causal post transformer -> causal upsampler -> causal decoder) never
 looks ahead, so decoding a stream chunk by chunk with the right carried context gives the same samples as

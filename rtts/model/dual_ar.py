@@ -4,7 +4,7 @@ Every sequence position is a column of `num_codebooks + 1` ints: row 0 is a text
 are the codes c0..c9 of one audio frame. The slow transformer turns the column history into one hidden per position;
 its head picks the next row-0 token (c0 = the semantic index). The fast transformer then runs a 10-position sequence
 per frame — position 0 fed the slow hidden, position p fed `fast_embeddings[c_(p-1)]` — and its head at position p
-gives c_p. The exact math (embedding scale, fused qkv, QK-norm, interleaved bf16 RoPE, GQA) is in MODEL_SPEC.md.
+gives c_p. The exact math (embedding scale, fused qkv, QK-norm, interleaved bf16 RoPE, GQA) is in docs/architecture.md.
 
 Parameter names are the reference's internal names (`layers.N.attention.wqkv.weight`, `fast_layers.N...`), so a
 checkpoint loads with a key remap only (see `loading.py`).

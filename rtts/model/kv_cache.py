@@ -12,8 +12,8 @@ Two uses:
 Why contiguous per slot rather than paged: a TTS stream's context is bounded and known up front (voice prompt of
 ~200-650 positions + turns), so a fixed per-slot budget wastes little; S2-Pro needs 147 KB per position in bf16, so
 65 slots x 4097 positions = 39 GB, which fits an H200 beside the 9 GB of weights. In exchange the decode-attention
-kernel reads each stream's K/V as one contiguous run per head with no page-table indirection (measured on the H200:
-1.6 TB/s of K/V at 64 streams x 2048 positions, bench/results/kernels-h200-2026-11-30.md), every CUDA graph sees
+kernel reads each stream's K/V as one contiguous run per head with no page-table indirection (its figures are in
+bench/results/attention/), every CUDA graph sees
 static shapes, and reusing a slot needs no allocator. Paging would pay off for very long, rarely full contexts.
 """
 

@@ -10,7 +10,8 @@ Threads (each with its own CUDA stream on a GPU; the same threads without graphs
   host through a pinned ring buffer one step later, ordered by an event.
 - **codec** — kept frames are decoded incrementally per stream (each slot keeps its codec state), batched across
   streams, into PCM chunks: the first after half the turn's latency-mode chunk (low: one frame), then growing to
-  the mode's chunk (codec_stage.py); from CUDA graphs on a GPU (codec_graphs.py, SchedulerConfig.codec_graphs).
+  the mode's chunk (codec_stage.py); from CUDA graphs on a GPU (engine/graphs/codec.py,
+  SchedulerConfig.codec_graphs).
 
 API (thread-safe; results come back through per-turn outboxes that asyncio code awaits)::
 

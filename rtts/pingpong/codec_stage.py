@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from rtts.engine.graphs.codec import CodecGraphRunner
 from rtts.model.codec import Codec
-from rtts.pingpong.codec_graphs import CodecGraphRunner
 from rtts.pingpong.device import Device
 from rtts.pingpong.outbox import AudioChunk
 from rtts.pingpong.state import STOP, CodecFrames, CodecReset, Stream, Turn, drain
@@ -48,33 +48,40 @@ class _Audio:
 
 class CodecWorker:
     def __init__(self, codec: Codec, dev: Device, capacity: int, first_chunk_frames: int = 1,
-                 max_buffer_seconds: float = 120.0, use_graphs: bool = False, tf32: bool = True) -> None:
+                 max_buffer_seconds: float = 120.0, tf32: bool = True) -> None:
         self.codec = codec
         self.dev = dev
         if dev.cuda and codec.dtype == torch.float32:
-            # TF32 tensor cores for the codec's convolutions: an 8-frame chunk at 64 streams decodes in 57 instead of
-            # 140 ms on an H200, 55.7 dB SNR from true float32 (bench/results/codec/). Off, true float32 keeps
-            # streamed and whole decodes within 2e-5 of each other; TF32 puts them ~5e-3 apart (the stream's
-            # convolutions run on other lengths). The switch is process-wide, so only cuDNN's: the LLM has no
-            # convolutions, while TF32 matmuls would change a float32 LLM's tokens (seen on the golden tiny model).
-            # It covers the codec's encoder too (voice references), where a near tie between two code vectors may
-            # then resolve the other way: a reference's codes are a prompt, not a bit-exact artifact.
+            # TF32 tensor cores for the codec's convolutions: a chunk at many streams decodes in well under half the
+            # time, with no audible difference from true float32 (figures: bench/results/graphs/README.md). Off,
+            # true float32 keeps streamed and whole decodes within 2e-5 of each other; TF32 puts them ~5e-3 apart
+            # (the stream's convolutions run on other lengths). The switch is process-wide, so only cuDNN's: the LLM
+            # has no convolutions, while TF32 matmuls would change a float32 LLM's tokens (seen on the golden tiny
+            # model). It covers the codec's encoder too (voice references), where a near tie between two code vectors
+            # may then resolve the other way: a reference's codes are a prompt, not a bit-exact artifact.
             torch.backends.cudnn.allow_tf32 = tf32
-        self.stream = dev.new_stream()
+        self.cuda_stream = dev.new_cuda_stream()
         self.inbox: queue.Queue[object] = queue.Queue()
         self.first_chunk_frames = first_chunk_frames
         self.sample_rate = codec.config.sample_rate
         self.max_buffer_samples = int(max_buffer_seconds * self.sample_rate)
         self.state = codec.new_stream_state(capacity)  # owned by this thread
-        # The last row is the scratch slot no stream owns (slots are 0 .. capacity - 2): graph padding lands there.
-        self.runner = CodecGraphRunner(codec, self.state, capacity - 1, capacity - 1, use_graphs and dev.cuda)
+        self.runner: CodecGraphRunner | None = None  # set by capture_graphs(); until then the decode runs eager
         self.pending: dict[int, _Audio] = {}  # turn id -> audio, oldest first; owned by this thread
         # slot -> turns that must finish before the slot's codec state is reset (a CodecReset behind them)
         self.deferred_resets: dict[int, set[int]] = {}
         self.frames_decoded = 0
 
+    def capture_graphs(self) -> None:
+        """Capture (CUDA only) and from now on replay the streaming decode from CUDA graphs; call it before run()."""
+        # The last row is the scratch slot no stream owns (slots are 0 .. capacity - 2): graph padding lands there.
+        scratch = self.state.capacity - 1
+        runner = CodecGraphRunner(self.codec, self.state, scratch, scratch)
+        runner.capture()
+        self.runner = runner
+
     def run(self) -> None:
-        with self.dev.on(self.stream):
+        with self.dev.on(self.cuda_stream):
             while self._drain(block=not self._ready()):
                 ready = self._ready()
                 if ready:
@@ -134,6 +141,12 @@ class CodecWorker:
                 out.append(a)
         return out
 
+    def _decode_chunk(self, codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """codes [B, num_codebooks, n] -> audio [B, n * frame_length], advancing the slots' codec state."""
+        if self.runner is not None:
+            return self.runner.decode(codes, slots)
+        return self.codec.decode_stream(codes, self.state, slots)
+
     def _decode(self, ready: list[_Audio]) -> None:
         by_len: dict[int, list[_Audio]] = {}
         for a in ready:
@@ -144,7 +157,7 @@ class CodecWorker:
             codes = torch.stack([torch.cat(a.buffered)[:, :].T for a in group])  # [B, num_codebooks, n]
             slots = torch.tensor([a.stream.slot for a in group], device=self.codec.device)
             try:
-                pcm = self.runner.decode(codes.to(self.codec.device), slots).float().cpu().numpy()
+                pcm = self._decode_chunk(codes.to(self.codec.device), slots).float().cpu().numpy()
             except Exception as e:
                 log.exception("codec decode failed")
                 for a in group:

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 import torch
 
 from rtts.engine.engine import Engine
-from rtts.engine.graphs import DecodeRunner
 from rtts.pingpong.device import Device
 from rtts.pingpong.slots import SlotAllocator
 from rtts.pingpong.state import STOP, Admit, CancelTurn, CodecFrames, Release, Stream, Turn, drain
@@ -57,19 +56,18 @@ class DecodeWorker:
     def __init__(
         self,
         engine: Engine,
-        runner: DecodeRunner,
         dev: Device,
         slots: SlotAllocator,
         to_codec: queue.Queue[object],
         on_turn_end: Callable[[Stream], None],
     ) -> None:
-        self.engine, self.runner, self.dev, self.slots = engine, runner, dev, slots
-        self.stream = dev.new_stream()
+        self.engine, self.dev, self.slots = engine, dev, slots
+        self.cuda_stream = dev.new_cuda_stream()
         self.inbox: queue.Queue[object] = queue.Queue()
         self.to_codec = to_codec
         self.on_turn_end = on_turn_end
         self.running: dict[int, _Running] = {}  # slot -> stream; owned by this thread
-        cap, rows = runner.buckets[-1], engine.rows
+        cap, rows = engine.max_slots, engine.rows  # the widest batch: every slot
         pin = dev.cuda
         self._ring = [(torch.empty(cap, rows, dtype=torch.int64, pin_memory=pin),
                        torch.empty(cap, dtype=torch.int8, pin_memory=pin)) for _ in range(2)]
@@ -82,7 +80,7 @@ class DecodeWorker:
     # ------------------------------------------------------------------ loop
 
     def run(self) -> None:
-        with self.dev.on(self.stream):
+        with self.dev.on(self.cuda_stream):
             inflight: _InFlight | None = None
             while True:
                 if not self._drain(block=not self.running and inflight is None):
@@ -129,7 +127,7 @@ class DecodeWorker:
         t = time.perf_counter()
         start = self.dev.record() if self.profile is not None else None
         try:
-            cols, finish = self.runner.step(slots, kv_len)
+            cols, finish = self.engine.decode_batch(slots, kv_len)
         except Exception as e:  # a failed step fails its turns, not the thread
             log.exception("decode step failed")
             for r in runs:

@@ -13,21 +13,21 @@ class Device:
         self.device = device
         self.cuda = device.type == "cuda"
 
-    def new_stream(self) -> torch.cuda.Stream | None:
+    def new_cuda_stream(self) -> torch.cuda.Stream | None:
         return torch.cuda.Stream(device=self.device) if self.cuda else None
 
     @contextlib.contextmanager
-    def on(self, stream: torch.cuda.Stream | None) -> Iterator[None]:
-        """Run the block with `stream` as the current CUDA stream (and with grad off, for worker threads)."""
+    def on(self, cuda_stream: torch.cuda.Stream | None) -> Iterator[None]:
+        """Run the block with `cuda_stream` as the current CUDA stream (and with grad off, for worker threads)."""
         with torch.inference_mode():
-            if stream is None:
+            if cuda_stream is None:
                 yield
             else:
-                with torch.cuda.stream(stream):
+                with torch.cuda.stream(cuda_stream):
                     yield
 
     def record(self) -> torch.cuda.Event | None:
-        """An event after everything enqueued so far on the current stream."""
+        """An event after everything enqueued so far on the current CUDA stream."""
         if not self.cuda:
             return None
         ev = torch.cuda.Event(enable_timing=True)
@@ -35,7 +35,7 @@ class Device:
         return ev
 
     def wait(self, event: torch.cuda.Event | None) -> None:
-        """Make the current stream wait for `event` (GPU-side; the host does not block)."""
+        """Make the current CUDA stream wait for `event` (GPU-side; the host does not block)."""
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
 

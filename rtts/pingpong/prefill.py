@@ -38,7 +38,7 @@ class PrefillWorker:
     ) -> None:
         self.engine = engine
         self.dev = dev
-        self.stream = dev.new_stream()
+        self.cuda_stream = dev.new_cuda_stream()
         self.inbox: queue.Queue[object] = queue.Queue()
         self.to_decode, self.to_codec = to_decode, to_codec
         self.on_turn_end = on_turn_end
@@ -53,7 +53,7 @@ class PrefillWorker:
     # ------------------------------------------------------------------ loop
 
     def run(self) -> None:
-        with self.dev.on(self.stream):
+        with self.dev.on(self.cuda_stream):
             while self._drain(block=not self.pending):
                 batch = self._pick()
                 if batch:
@@ -191,7 +191,7 @@ class PrefillWorker:
         stream, turn = job.stream, job.turn
         assert turn is not None
         stream.turn_open = True  # the KV now holds an open assistant turn, whatever happens next
-        col = frame0.cpu()  # one host sync per turn, on this thread's stream only
+        col = frame0.cpu()  # one host sync per turn, on this thread's CUDA stream only
         finish = FinishReason(int(self.engine.state.finish[stream.slot]))
         turn.frames_sampled = 1
         if turn.cancelled or finish != FinishReason.RUNNING:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import torch
 
 from rtts.engine.engine import Engine
-from rtts.engine.graphs import DecodeRunner, FrameZeroRunner, PrefillRunner
 from rtts.model.codec import Codec
 from rtts.model.errors import PromptError
 from rtts.model.prompt import PromptBuilder, Reference
@@ -34,10 +33,11 @@ class SchedulerConfig:
     max_queued_turns: int = 16  # per stream, beyond the active one
     first_chunk_frames: int = 1
     max_buffer_seconds: float = 120.0  # audio a turn may hold unread before it is ended
+    # The decode step and turns' frame 0 from CUDA graphs (Engine.capture_graphs), on a CUDA device.
     cuda_graphs: bool = True
-    # The codec thread's decode from CUDA graphs too (pingpong/codec_graphs.py): with cuda_graphs, on a CUDA device.
+    # The codec thread's decode from CUDA graphs too (CodecWorker.capture_graphs): with cuda_graphs, on CUDA.
     codec_graphs: bool = True
-    # Turn-sized prompt chunks' forward from CUDA graphs (engine/graphs.PrefillRunner): with cuda_graphs, on CUDA.
+    # Turn-sized prompt chunks' forward from CUDA graphs (Engine.capture_graphs(prefill=...)): with cuda_graphs.
     prefill_graphs: bool = True
     # A float32 codec on CUDA convolves with TF32 tensor cores (codec_stage.CodecWorker); False: true float32.
     codec_tf32: bool = True
@@ -52,15 +52,9 @@ class Scheduler:
         cfg = engine.config
         self.builder = PromptBuilder(engine.tokenizer, cfg.num_codebooks, cfg.format, cfg.codebook_size)
         self.slots = SlotAllocator(engine.max_slots)
-        self.runner = DecodeRunner(engine, use_graphs=config.cuda_graphs and self.dev.cuda)
-        self.frame_zero = FrameZeroRunner(engine, use_graphs=config.cuda_graphs and self.dev.cuda)
-        self.prefill_graphs = PrefillRunner(engine, use_graphs=config.cuda_graphs and config.prefill_graphs
-                                            and self.dev.cuda, max_positions=config.prefill_token_budget)
         self.codec_worker = CodecWorker(codec, self.dev, engine.max_slots + 1, config.first_chunk_frames,
-                                        config.max_buffer_seconds, config.cuda_graphs and config.codec_graphs,
-                                        config.codec_tf32)
-        self.decode = DecodeWorker(engine, self.runner, self.dev, self.slots, self.codec_worker.inbox,
-                                   self._turn_ended)
+                                        config.max_buffer_seconds, config.codec_tf32)
+        self.decode = DecodeWorker(engine, self.dev, self.slots, self.codec_worker.inbox, self._turn_ended)
         self.prefill = PrefillWorker(engine, self.dev, self.decode.inbox, self.codec_worker.inbox,
                                      self._turn_ended, config.prefill_chunk, config.prefill_token_budget)
         self._threads: list[threading.Thread] = []
@@ -71,10 +65,11 @@ class Scheduler:
 
     def start(self) -> Scheduler:
         """Capture CUDA graphs (after warm-up), then start the threads."""
-        self.runner.capture()
-        self.frame_zero.capture()
-        self.prefill_graphs.capture()
-        self.codec_worker.runner.capture()
+        cfg = self.config
+        if cfg.cuda_graphs and self.dev.cuda:
+            self.engine.capture_graphs(prefill=cfg.prefill_graphs, prefill_token_budget=cfg.prefill_token_budget)
+            if cfg.codec_graphs:
+                self.codec_worker.capture_graphs()
         for name, target in (("rtts-prefill", self.prefill.run), ("rtts-decode", self.decode.run),
                              ("rtts-codec", self.codec_worker.run)):
             t = threading.Thread(target=target, name=name, daemon=True)

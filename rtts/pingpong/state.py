@@ -124,7 +124,7 @@ class Admit:
     turn: Turn
     frame0: torch.Tensor  # [rows] int64 on the CPU
     pos: int  # KV length after the prefill (frame 0 not yet fed)
-    ready: torch.cuda.Event | None  # the prefill's writes; the decode stream waits for it before the next step
+    ready: torch.cuda.Event | None  # the prefill's writes; the decode CUDA stream waits for it before the next step
 
 
 @dataclass

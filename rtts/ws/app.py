@@ -16,10 +16,10 @@ from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
+from rtts.runtime import Runtime
 from rtts.ws import http, models_api
 from rtts.ws.live import Connection
 from rtts.ws.protocol import error_json
-from rtts.ws.runtime import Runtime
 
 log = logging.getLogger("rtts.server")
 

@@ -19,10 +19,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from rtts.audio.encode import AudioFormatError
 from rtts.pingpong import NoSlotError
+from rtts.runtime import Runtime
 from rtts.session import Session, SessionError, output_spec, resolve_references
 from rtts.voices import VoiceError
-from rtts.ws.protocol import ProtocolError, decode_body, decode_http_body, error_json
-from rtts.ws.runtime import Runtime
+from rtts.ws.parse import ProtocolError
+from rtts.ws.protocol import decode_body, decode_http_body, error_json
 
 log = logging.getLogger("rtts.http")
 
@@ -168,12 +169,15 @@ async def _read_reference_form(request: Request, limit: int) -> tuple[str, bytes
     ctype = request.headers.get("content-type", "")
     if ctype.startswith("multipart/form-data"):
         form = await read_form(request, limit, max_files=1, max_fields=8)
-        field = form.get("audio")
-        if isinstance(field, UploadFile):
-            data = await field.read()
-        else:
-            data = (field or "").encode()
-        return str(form.get("id", "")), data, str(form.get("text", ""))
+        try:
+            field = form.get("audio")
+            if isinstance(field, UploadFile):
+                data = await field.read()
+            else:
+                data = (field or "").encode()
+            return str(form.get("id", "")), data, str(form.get("text", ""))
+        finally:
+            await form.close()  # the parser spooled each file part into a temporary file
     obj = decode_map(await read_body(request, limit), ctype)
     if not isinstance(obj, dict):
         raise ProtocolError("body must be a map with id, audio, text")

@@ -10,13 +10,15 @@ voice; a voice named in the URL (`?reference_id=…`) is prefilled as the socket
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import enum
 import logging
-from typing import Any
+from collections.abc import Awaitable
+from dataclasses import dataclass, replace
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 from rtts.pingpong import NoSlotError, StreamHandle
+from rtts.runtime import Runtime
 from rtts.session import (
     ClientGone,
     Session,
@@ -27,10 +29,10 @@ from rtts.session import (
     voice_references,
 )
 from rtts.voices import VoiceError
+from rtts.ws.parse import ProtocolError
 from rtts.ws.protocol import (
     CancelEvent,
     FlushEvent,
-    ProtocolError,
     StartEvent,
     StopEvent,
     TextEvent,
@@ -39,31 +41,70 @@ from rtts.ws.protocol import (
     decode_client_message,
     finish_event,
 )
-from rtts.ws.runtime import Runtime
 
 log = logging.getLogger("rtts.live")
 
 
+class State(enum.Enum):
+    """Where the socket's session stands, as its receive loop sees it."""
+
+    IDLE = "idle"  # no session: the next message should be a start
+    ACTIVE = "active"  # a session takes text and flush
+    DRAINING = "draining"  # after stop or cancel: the session sends the rest of its audio, then its finish
+    # A start that came while DRAINING waits for that session's finish (the receive loop waits with it: no event
+    # arrives in this state); meanwhile the kept stream is not idle (_idle).
+    STARTING = "starting"
+    # The server ended the session (an error) or refused its start for want of a slot: the client's text is kept
+    # and its flush resumes the session with the same start (_resume); its stop or cancel gets nothing more.
+    ENDED = "ended"
+    # A start refused for what it asked (a bad request, an unknown voice): its finish/error was that session's one
+    # finish, so the text, flush and stop the client still sends for it are dropped until the next start (answering
+    # each would give the session several finishes; a client reusing the socket would read them as its next
+    # session's). Unlike a refusal for want of a slot, retrying the same request cannot succeed.
+    REFUSED = "refused"
+
+
+@dataclass
+class _Resume:
+    """A session the server ended (State.ENDED): its start, and the text received for it since."""
+
+    start: StartEvent
+    text: str = ""
+
+
 class Connection:
+    """One socket: its sessions one after another, and the stream it keeps between them.
+
+    Each client message is one event, handled by its `_on_*` method for the current state (→: the state after;
+    "error": finish/error, see error()):
+
+    state     | start                  | text, flush               | stop, cancel              | bad message*
+    IDLE      | begin                  | error                     | error                     | error
+    ACTIVE    | error → ENDED          | to the session            | → DRAINING                | error → ENDED
+    DRAINING  | → STARTING, then begin | ignored                   | cancel: drops the audio   | error once drained
+    ENDED     | begin                  | text kept, flush: resume  | → IDLE                    | error → IDLE
+    REFUSED   | begin                  | dropped                   | → IDLE (ENDED if kept**)  | dropped
+
+    begin (_start): → ACTIVE, or ENDED (no free slot) or REFUSED (a bad request). The session's own finish ends
+    ACTIVE (→ ENDED after an error, _on_finish); the end of its stop or cancel ends DRAINING (→ IDLE, _drain).
+    * A message that does not decode or validate (ProtocolError). A bad start, or out of a session one naming no
+      event (the client's start as far as anyone can tell), is refused: error → REFUSED, whatever the state.
+    ** A bad start that ended an active session keeps that session to resume once the client ends the refused one.
+    """
+
     def __init__(self, ws: WebSocket, rt: Runtime, timestamps: bool) -> None:
         self.ws, self.rt, self.timestamps = ws, rt, timestamps
-        self.session: Session | None = None
-        self.started: StartEvent | None = None  # the start of the current session
-        # The start to resume when text + flush arrive with no session: that of a session the server ended with an
-        # error, or one refused for want of a slot (see _start and _resume); and the text received for it since.
-        self.resume: StartEvent | None = None
-        self.resume_text = ""
-        # A start refused for what it asked (a bad request, an unknown voice): its finish/error was that session's
-        # one finish, so the text, flush and stop the client still sends for it are dropped until the next start
-        # (answering each would give the session several finishes; a client reusing the socket would read them as
-        # its next session's). Unlike a refusal for want of a slot, retrying the same request cannot succeed.
-        self.refused = False
-        self.stopping: asyncio.Task[None] | None = None
+        self.state = State.IDLE
+        self.session: Session | None = None  # ACTIVE, DRAINING (and STARTING: the session it waits for)
+        self.started: StartEvent | None = None  # that session's start
+        self.drain: asyncio.Task[None] | None = None  # DRAINING: the session's stop or cancel (_drain)
+        self.resume: _Resume | None = None  # ENDED (and REFUSED**, see above)
+        # The stream kept between sessions (the next one with the same voice reuses its prefilled prompt).
         self.handle: StreamHandle | None = None
         self.handle_voice = ""
         self._send_lock = asyncio.Lock()
-        self.closed = False  # the client is gone
-        self.starting = False  # a start waits for the session before it to drain (its stream is not idle)
+        # The client is gone: whichever task's send finds it first, whatever the state (the receive loop then ends).
+        self.closed = False
 
     # ------------------------------------------------------------------ sending
 
@@ -87,9 +128,19 @@ class Connection:
         await self.send(audio_event(audio, **extra))
 
     async def _on_finish(self, reason: str, message: str | None) -> None:
-        # A session is active until its finish (it sends exactly one), not until the socket's next message reaps it.
+        """The session's finish (it sends exactly one). A session is over at its finish, not when the socket's next
+        message notices."""
         self.rt.metrics.sessions.dec()
         self._idle()
+        if self.state is State.ACTIVE:
+            # Ended by itself (a failed turn, a full context) or aborted (error(), shutdown, the client gone): after
+            # an error the client's flush resumes it (a DRAINING session ends with its stop instead: _drain).
+            assert self.started is not None
+            self.session = None
+            if reason == "error":
+                self.state, self.resume = State.ENDED, _Resume(self.started)
+            else:
+                self.state = State.IDLE
         if self.closed:  # a client that leaves mid-session is not a failed session, and has no one to tell
             return
         if reason == "error":
@@ -99,53 +150,32 @@ class Connection:
     async def error(self, message: str) -> None:
         """End the current session (if any) with finish/error; without one, still answer with finish/error. A session
         draining after `stop` finishes first: the error is the next message's, not that session's. A session this
-        ends is kept as one the server ended (_resume): the text, flush and stop the client still sends for it get
-        no finish of their own, and a flush resumes it (Pipecat keeps one session per call)."""
-        self._clear_resume()
+        ends is kept as one the server ended (ENDED, by _on_finish): the text, flush and stop the client still sends
+        for it get no finish of their own, and a flush resumes it (Pipecat keeps one session per call)."""
+        self.resume = None
         await self._drained()
-        ended = None
-        if self.session is not None and not self.session.done.is_set():
-            ended = self.started
-            await self.session.abort(message)
+        if self.state is State.ACTIVE:
+            assert self.session is not None
+            await self.session.abort(message)  # its finish moves the socket to ENDED
         else:
+            self.state = State.IDLE
             self.rt.metrics.errors.inc()
             await self.send(finish_event("error", message))
-        self._end_session()
-        if ended is not None:
-            self.resume = ended
 
     async def _drained(self) -> None:
-        """Wait until a session draining after `stop` has sent its audio and finish (or was aborted), and forget it."""
-        if self.stopping is not None:
-            await asyncio.wait({self.stopping})  # returns however it ended; cancelling us still cancels us
-            self._reap()
+        """Wait until a DRAINING session has sent its audio and finish (or was aborted): then the socket is IDLE."""
+        if self.drain is not None:
+            await asyncio.wait({self.drain})  # returns however it ended; cancelling us still cancels us
 
     def _idle(self) -> None:
         """The kept stream is idle until the next session: another socket's new session may take it back."""
-        if self.handle is not None and not self.closed and not self.starting:
+        if self.handle is not None and not self.closed and self.state is not State.STARTING:
             self.rt.idle_stream(self, self._reclaim)
 
     def _reclaim(self) -> None:
         if self.handle is not None and (self.session is None or self.session.done.is_set()):
             self.handle.close()
             self.handle, self.handle_voice = None, ""
-
-    def _clear_resume(self) -> None:
-        self.resume, self.resume_text = None, ""
-
-    def _reap(self) -> None:
-        """Forget a session that has ended: drained after `stop`, or finished with an error by itself (a failed turn,
-        a full context), so the socket takes a new `start`."""
-        if self.stopping is not None and self.stopping.done():
-            self._end_session()
-        elif self.session is not None and self.stopping is None and self.session.done.is_set():
-            if self.session.failed:
-                self.resume = self.started
-            self._end_session()
-
-    def _end_session(self) -> None:
-        self.session = None
-        self.stopping = None
 
     # ------------------------------------------------------------------ the loop
 
@@ -157,7 +187,6 @@ class Connection:
                 msg = await self.ws.receive()
                 if msg["type"] == "websocket.disconnect":
                     break
-                self._reap()
                 data = msg.get("bytes")
                 # A text frame is refused by the decoder like any bad message (out of a session, like a bad start)
                 await self._handle(data if data is not None else msg.get("text") or "")
@@ -183,94 +212,147 @@ class Connection:
         try:
             ev = decode_client_message(data, self.rt.config.limits)
         except ProtocolError as e:
-            if self.refused and e.event != "start" and self.session is None:
-                log.info("bad message for a refused start dropped: %s", e)  # that session has its finish
-                return
-            # Out of a session the only valid message is a start, so one that names no event (not MessagePack, over
-            # the size limit) was the client's start: refused like a bad one, its error is that session's only
-            # finish, and the text, flush and stop the client sends for it next get none of their own.
-            unknown_start = e.event is None and self.session is None and not self.starting
-            await self.error(str(e))
-            self.refused = e.event == "start" or unknown_start
+            await self._on_bad_message(e)
             return
-        if ev is None:
-            return  # an event from a newer protocol: ignored
-        if isinstance(ev, StartEvent):
-            self._clear_resume()
-            self.refused = False
+        match ev:
+            case StartEvent():
+                await self._on_start(ev)
+            case TextEvent():
+                await self._on_text(ev)
+            case FlushEvent():
+                await self._on_flush(ev)
+            case StopEvent() | CancelEvent():
+                await self._on_end(ev)
+            case None:
+                pass  # an event from a newer protocol: ignored
+
+    # ------------------------------------------------------------------ one method per event
+
+    async def _on_start(self, ev: StartEvent) -> None:
+        self.resume = None  # the ended or refused session is over: what the client sends now is this one's
+        self.rt.idle_stream(self, None)  # registered when the session before it finished: in use again
+        if self.state is State.DRAINING:
             # Pipelined: the next utterance's start came before the last one's finish. It begins once that session
-            # has drained (its audio and finish go out first); meanwhile its stream is not idle (_idle).
-            self.starting = True
-            self.rt.idle_stream(self, None)  # registered when the session before it finished: in use again
+            # has drained (its audio and finish go out first).
+            self.state = State.STARTING
             try:
                 await self._drained()
             finally:
-                self.starting = False
-            if self.closed:
-                return  # the client left while the session before drained: nothing to start for it
-            if self.session is not None:
-                await self.error("'start' received while a session is active; send 'stop' first")
-                return
-            await self._start(ev)
+                self.state = State.IDLE
+        elif self.state is not State.ACTIVE:
+            self.state = State.IDLE
+        if self.closed:
+            return  # the client left (while the session before drained): nothing to start for it
+        if self.state is State.ACTIVE:
+            await self.error("'start' received while a session is active; send 'stop' first")
             return
-        if self.session is None and self.refused:
-            if isinstance(ev, (StopEvent, CancelEvent)):
-                self.refused = False  # the client ended the refused session: later events are out of a session
-            log.info("%s for a refused start dropped", type(ev).__name__)
-            return
-        if self.session is None and self.resume is not None:
-            await self._resume(ev)
-            return
-        if self.session is None:
-            await self.error(f"'{type(ev).__name__.removesuffix('Event').lower()}' before 'start': send start first")
-            return
-        if self.stopping is not None:
-            # The session is draining after `stop`: finishing what it has is the contract, so a late event does not
-            # abort it (nor gets a finish of its own, which the client would take for its next session's). A cancel
-            # still drops the rest of the audio (and the finish says so).
-            if isinstance(ev, CancelEvent):
-                self.session.interrupt()
-            else:
-                log.warning("%s after 'stop' ignored (the session is finishing)", type(ev).__name__)
-            return
-        if isinstance(ev, TextEvent):
-            # Text waiting to be spoken is bounded, not the session's total: a call that lasts hours (Pipecat keeps
-            # one session) may say any amount.
-            if await self._over_text_limit(self.session.unspoken_chars() + len(ev.text)):
-                return
-            self.session.text(ev.text)
-        elif isinstance(ev, FlushEvent):
-            self.session.flush()
-        elif isinstance(ev, StopEvent):
-            self.stopping = asyncio.create_task(self._stop(self.session.stop()))
-        elif isinstance(ev, CancelEvent):
-            self.stopping = asyncio.create_task(self._stop(self.session.cancel()))
+        await self._start(ev)
 
-    async def _resume(self, ev: TextEvent | FlushEvent | StopEvent | CancelEvent) -> None:
-        """An event with no session, after a session the server ended (a failed turn) or a start it refused for want
-        of a free slot. Pipecat sends `start` once per connection, then text + flush for the whole call, and
-        reconnects only when the socket closes: its text is kept and, at its flush, spoken by a session resumed with
-        the same start request, instead of every sentence failing "before start" for the rest of the call. A client
-        that ends instead (stop, cancel: the SDK's way after an error) already has its finish and gets nothing
-        more."""
-        if isinstance(ev, (StopEvent, CancelEvent)):
-            self._clear_resume()
+    async def _on_text(self, ev: TextEvent) -> None:
+        match self.state:
+            case State.ACTIVE:
+                assert self.session is not None
+                # Text waiting to be spoken is bounded, not the session's total: a call that lasts hours (Pipecat
+                # keeps one session) may say any amount.
+                if not await self._over_text_limit(self.session.unspoken_chars() + len(ev.text)):
+                    self.session.text(ev.text)
+            case State.ENDED:
+                assert self.resume is not None
+                if not await self._over_text_limit(len(self.resume.text) + len(ev.text)):
+                    self.resume.text += ev.text
+            case State.DRAINING:
+                self._after_stop(ev)
+            case State.REFUSED:
+                log.info("TextEvent for a refused start dropped")
+            case State.IDLE:
+                await self._before_start(ev)
+
+    async def _on_flush(self, ev: FlushEvent) -> None:
+        match self.state:
+            case State.ACTIVE:
+                assert self.session is not None
+                self.session.flush()
+            case State.ENDED:
+                await self._resume()
+            case State.DRAINING:
+                self._after_stop(ev)
+            case State.REFUSED:
+                log.info("FlushEvent for a refused start dropped")
+            case State.IDLE:
+                await self._before_start(ev)
+
+    async def _on_end(self, ev: StopEvent | CancelEvent) -> None:
+        match self.state:
+            case State.ACTIVE:
+                assert self.session is not None
+                ending = self.session.cancel() if isinstance(ev, CancelEvent) else self.session.stop()
+                self.state = State.DRAINING
+                self.drain = asyncio.create_task(self._drain(ending))
+            case State.ENDED:
+                # The client ends the session the server ended (the SDK's way after an error): it already has its
+                # finish and gets nothing more.
+                self.state, self.resume = State.IDLE, None
+            case State.DRAINING:
+                self._after_stop(ev)
+            case State.REFUSED:
+                # The client ended the refused session: later events are out of a session (or, after a bad start
+                # that ended an active session, that session's, which a flush resumes).
+                self.state = State.IDLE if self.resume is None else State.ENDED
+                log.info("%s for a refused start dropped", type(ev).__name__)
+            case State.IDLE:
+                await self._before_start(ev)
+
+    async def _on_bad_message(self, e: ProtocolError) -> None:
+        if self.state is State.REFUSED and e.event != "start":
+            log.info("bad message for a refused start dropped: %s", e)  # that session has its finish
             return
-        if isinstance(ev, TextEvent):
-            if await self._over_text_limit(len(self.resume_text) + len(ev.text)):
-                return
-            self.resume_text += ev.text
-            return
-        assert self.resume is not None
-        start, text = self.resume, self.resume_text
-        self._clear_resume()
-        log.info("flush after a session the server ended: resuming it with the same start request")
-        await self._start(StartEvent(dataclasses.replace(start.request, text="")))
-        if self.session is not None:  # else refused again (no slot), and said so: the text waits for the next flush
-            self.session.text(text)
-            self.session.flush()
+        # Out of a session the only valid message is a start, so one that names no event (not MessagePack, over
+        # the size limit) was the client's start: refused like a bad one, its error is that session's only
+        # finish, and the text, flush and stop the client sends for it next get none of their own.
+        unknown_start = e.event is None and self.state in (State.IDLE, State.ENDED)
+        await self.error(str(e))
+        if e.event == "start" or unknown_start:
+            self.state = State.REFUSED
+
+    # ------------------------------------------------------------------ what the events do
+
+    async def _before_start(self, ev: TextEvent | FlushEvent | StopEvent | CancelEvent) -> None:
+        await self.error(f"'{type(ev).__name__.removesuffix('Event').lower()}' before 'start': send start first")
+
+    def _after_stop(self, ev: TextEvent | FlushEvent | StopEvent | CancelEvent) -> None:
+        """The session is draining after `stop`: finishing what it has is the contract, so a late event does not
+        abort it (nor gets a finish of its own, which the client would take for its next session's). A cancel still
+        drops the rest of the audio (and the finish says so)."""
+        assert self.session is not None
+        if isinstance(ev, CancelEvent):
+            self.session.interrupt()
         else:
-            self.resume_text = text
+            log.warning("%s after 'stop' ignored (the session is finishing)", type(ev).__name__)
+
+    async def _drain(self, ending: Awaitable[None]) -> None:
+        """DRAINING: the session's stop or cancel. However it returns, the socket then takes a new start."""
+        try:
+            await ending
+        finally:
+            self.session, self.drain = None, None
+            if self.state is State.DRAINING:  # (STARTING: the waiting start goes on from there)
+                self.state = State.IDLE
+
+    async def _resume(self) -> None:
+        """A flush in ENDED: after a session the server ended (a failed turn) or a start it refused for want of a
+        free slot. Pipecat sends `start` once per connection, then text + flush for the whole call, and reconnects
+        only when the socket closes: its text is kept and, at its flush, spoken by a session resumed with the same
+        start request, instead of every sentence failing "before start" for the rest of the call."""
+        assert self.resume is not None
+        resume, self.resume, self.state = self.resume, None, State.IDLE
+        log.info("flush after a session the server ended: resuming it with the same start request")
+        await self._start(StartEvent(replace(resume.start.request, text="")))
+        if self.state is State.ACTIVE:
+            assert self.session is not None
+            self.session.text(resume.text)
+            self.session.flush()
+        elif self.resume is not None:  # refused again (no slot), and said so: the text waits for the next flush
+            self.resume.text = resume.text
 
     async def _over_text_limit(self, unspoken: int) -> bool:
         """Whether `unspoken` characters waiting to be spoken pass the limit (then said with finish/error)."""
@@ -280,11 +362,9 @@ class Connection:
         await self.error(f"unspoken text over the limit of {limit} characters")
         return True
 
-    async def _stop(self, aw: Any) -> None:
-        await aw
-        self._end_session()
-
     async def _start(self, ev: StartEvent) -> None:
+        """IDLE → ACTIVE; or ENDED when no slot is free (a client that goes on sending text, like Pipecat, gets the
+        session at a flush once one is), REFUSED when the request cannot be served."""
         self.rt.idle_stream(self, None)  # in use again (or about to be replaced): not to be taken back
         req = ev.request
         key = voice_key(req, self.rt.voices)
@@ -308,26 +388,26 @@ class Connection:
         except NoSlotError:
             self._idle()  # a stream kept for the same voice is idle again
             await self.error(f"too many concurrent sessions (limit {self.rt.config.max_running}); retry later")
-            self.resume = ev  # a client that goes on sending text (Pipecat) gets the session once a slot is free
+            self.state, self.resume = State.ENDED, _Resume(ev)
             return
         except (SessionError, VoiceError, ValueError) as e:
             self._idle()
             await self.error(str(e))
-            self.refused = True
+            self.state = State.REFUSED
             return
-        self.session, self.started, self.resume = session, ev, None
+        self.session, self.started, self.state = session, ev, State.ACTIVE
         self.rt.metrics.sessions.inc()
         session.start()
 
     async def _teardown(self) -> None:
         self.closed = True
         self.rt.idle_stream(self, None)
-        if self.session is not None and not self.session.done.is_set():
-            self.session.segmenter.clear()
-            self.session.handle.cancel()
-            await self.session.abort("connection closed")
-        if self.session is not None:
-            self._end_session()
+        session = self.session
+        if session is not None and not session.done.is_set():
+            session.segmenter.clear()
+            session.handle.cancel()
+            await session.abort("connection closed")
+        self.session, self.drain = None, None
         if self.handle is not None:
             self.handle.close()
             self.handle = None

@@ -21,10 +21,10 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from rtts.runtime import Runtime
 from rtts.voices import Voice, VoiceError, VoiceMeta
 from rtts.ws.http import BodyTooLarge, authorized, decode_map, json_error, read_body, read_form
-from rtts.ws.protocol import ProtocolError
-from rtts.ws.runtime import Runtime
+from rtts.ws.parse import ProtocolError
 
 MAX_PAGE_SIZE = 100
 AUTHOR = {"_id": "rtts", "nickname": "rtts", "avatar": ""}  # every voice here is the server owner's
@@ -112,7 +112,12 @@ async def _guarded(request: Request, limit: int, handler: Any, max_files: int = 
     if not authorized(rt, request.headers):
         return json_error(401, "invalid or missing API key (Authorization: Bearer <key>)")
     try:
-        return await handler(await _fields(request, limit, max_files) if limit else _Fields())
+        fields = await _fields(request, limit, max_files) if limit else _Fields()
+        try:
+            return await handler(fields)
+        finally:
+            if fields.form is not None:
+                await fields.form.close()  # the parser spooled each file part into a temporary file
     except BodyTooLarge:
         return json_error(413, f"request body over {limit} bytes")
     except HTTPException as e:  # Starlette's refusal of a malformed multipart body

@@ -7,8 +7,8 @@ import socket
 
 import uvicorn
 
+from rtts.runtime import Runtime, ServerConfig
 from rtts.ws.app import create_app
-from rtts.ws.runtime import Runtime, ServerConfig
 
 
 class _Server(uvicorn.Server):
@@ -27,7 +27,7 @@ def build_server(config: ServerConfig, rt: Runtime | None = None) -> tuple[_Serv
         app,
         host=config.host,
         port=config.port,
-        ws="websockets",
+        ws="websockets-sansio",  # (uvicorn's legacy "websockets" protocol is deprecated)
         # Above the app's limit on purpose: a message somewhat over max_message_bytes reaches the session, which
         # answers finish/error naming the limit and keeps the socket; at the transport limit websockets can only
         # close with 1009, which the SDK reports as an unexplained disconnect. The cap still bounds memory.
