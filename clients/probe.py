@@ -1,35 +1,49 @@
 #!/usr/bin/env python3
-"""Latency probe for any Fish-protocol live TTS server: time to first audio (TTFA) and streaming health.
+"""Latency and throughput probe for any Fish-protocol live TTS server.
 
-For each concurrency level, N sessions run at once, each on its own WebSocket:
-    start (voice prompt prefilled server-side) -> settle -> text + flush (t0) -> first audio (TTFA) -> stop -> finish
-and every audio message's arrival time is kept raw. Playback health: with playback starting at the first chunk, a
-chunk that arrives after the audio before it has finished playing is an underrun (its lateness is recorded).
+Two modes, each running N concurrent sessions per level, each on its own WebSocket, and keeping every audio
+message's arrival time raw:
+- `--mode ttfa` (default): start (the voice prompt prefills server-side) -> settle -> one short text + flush (t0) ->
+  first audio (TTFA) -> stop -> finish.
+- `--mode throughput`: the sessions open spread over `--stagger` seconds; each sends `--turns` texts of about forty
+  tokens with a flush after each (`--frames` frames each at most), then stop, so every session keeps generating
+  while the others do. The summary gives aggregate delivered frames/s and audio-seconds/s beside TTFA.
+Playback health: with playback starting at the first chunk, a chunk that arrives after the audio before it has
+finished playing is an underrun (its lateness is recorded).
 
     python clients/probe.py --url ws://127.0.0.1:8080 --concurrency 1,16,64 [--reference-id ID] [--api-key KEY]
+    python clients/probe.py --mode throughput --concurrency 1,16,32,64 --reference-id VOICE
+    python clients/probe.py --compare bench/baselines/h200-fp8.json NEW.json    # exit 1 on a regression
 
-Writes latency_reports/<date>_<commit>_<name>.json (raw timestamps, config, commit) and a .md table beside it. Where
-the server answers `GET /metrics` with rtts's garbage-collector histogram (`rtts_gc_pause_seconds`), the report also
-records the collections the server ran during each level (they stop every serving thread).
+Writes latency_reports/<date>_<commit>_<name>.json (raw timestamps, config, commit and a `summary` per concurrency),
+a .md table and, with matplotlib, a .png plot beside it. Where the server answers `GET /metrics` with rtts's
+garbage-collector histogram (`rtts_gc_pause_seconds`), the report also records the collections the server ran
+during each level (they stop every serving thread).
 Needs only `websockets` and `ormsgpack` (or `msgpack`); it imports nothing from the server.
 """
 
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
 import datetime
+import io
 import json
+import math
 import re
 import shlex
-import statistics
 import subprocess
+import sys
 import time
 import urllib.request
+import wave
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import websockets
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import probe_report as report  # noqa: E402  (beside this script)
 
 try:
     import ormsgpack as _mp
@@ -49,11 +63,21 @@ except ImportError:  # pragma: no cover
         return _mp.unpackb(b, raw=False)
 
 TEXT = "Hello! This is a latency probe speaking one short sentence."
-BYTES_PER_SAMPLE = 2  # pcm s16le mono
+# About forty tokens a turn, as a voice agent's reply sentence.
+TURN_TEXT = ("Thanks for calling. I can help you change your booking, check the status of an order, or answer a "
+             "question about your account today.")
 
 
-async def one_session(url: str, request: dict[str, Any], text: str, settle: float, headers: dict[str, str],
-                      timeout: float) -> dict[str, Any]:
+async def one_session(url: str, request: dict[str, Any], texts: list[str], settle: float, headers: dict[str, str],
+                      timeout: float, delay: float = 0.0, level_t0: float | None = None) -> dict[str, Any]:
+    """One live session: start (the voice prompt prefills), settle, then every text with a flush (one turn each),
+    stop, and the finish. Every audio message's arrival is kept, in seconds since the first text was sent.
+
+    The ttfa mode sends one text and its stop right after the first audio; the throughput mode sends all its turns
+    at once, so the server generates them back to back while the other sessions do the same."""
+    import websockets  # (here: --compare and --replot need no network stack)
+
+    await asyncio.sleep(delay)
     rec: dict[str, Any] = {"ok": False}
     rate = request.get("sample_rate") or 44100
     t_connect = time.perf_counter()
@@ -62,16 +86,22 @@ async def one_session(url: str, request: dict[str, Any], text: str, settle: floa
         await ws.send(pack({"event": "start", "request": request}))
         await asyncio.sleep(settle)  # the server prefills the voice prompt meanwhile
         t0 = time.perf_counter()
-        await ws.send(pack({"event": "text", "text": text}))
-        await ws.send(pack({"event": "flush"}))
+        if level_t0 is not None:
+            rec["t_start_s"] = t0 - level_t0
+        for text in texts:
+            await ws.send(pack({"event": "text", "text": text}))
+            await ws.send(pack({"event": "flush"}))
         chunks: list[tuple[float, int]] = []
-        stopped = False
+        stopped = len(texts) > 1
+        if stopped:
+            await ws.send(pack({"event": "stop"}))
         while True:
             msg = unpack(await asyncio.wait_for(ws.recv(), timeout))
             ev = msg.get("event")
             now = time.perf_counter() - t0
             if ev == "audio":
-                chunks.append((now, len(msg.get("audio") or b"")))
+                if msg.get("audio"):
+                    chunks.append((now, len(msg["audio"])))
                 if not stopped:
                     await ws.send(pack({"event": "stop"}))
                     stopped = True
@@ -83,40 +113,59 @@ async def one_session(url: str, request: dict[str, Any], text: str, settle: floa
     if chunks and rec.get("finish") == "stop":
         rec["ok"] = True
         rec["ttfa_s"] = chunks[0][0]
-        # Playback from the first chunk: chunk i must arrive before the audio before it has played out.
-        played, worst = 0.0, 0.0
-        for t, nbytes in chunks:
-            due = chunks[0][0] + played
-            worst = max(worst, t - due)
-            played += nbytes / BYTES_PER_SAMPLE / rate
-        rec["audio_s"] = played
-        rec["max_lateness_s"] = worst
-        rec["underrun"] = worst > 0.0 and len(chunks) > 1
-        rec["rtf"] = (chunks[-1][0] - chunks[0][0]) / played if played else None
+        rec.update(report.playback(chunks, rate))
     return rec
 
 
-def pct(xs: list[float], p: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    k = min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))
-    return xs[k]
+def voice_clip(seconds: float, rate: int = 44100) -> bytes:
+    """A WAV clip of `seconds` of voiced-sounding audio (a wandering pitch with harmonics and syllable-rate
+    loudness): enough for the server to encode a voice prompt of that length; it needs no real speech."""
+    n = int(seconds * rate)
+    samples = array.array("h")
+    phase = 0.0
+    for i in range(n):
+        t = i / rate
+        f0 = 140 + 30 * math.sin(2 * math.pi * 0.7 * t)
+        phase += 2 * math.pi * f0 / rate
+        env = 0.5 + 0.5 * math.sin(2 * math.pi * 4.0 * t)
+        x = env * sum(math.sin(k * phase) / k for k in (1, 2, 3, 5))
+        samples.append(int(6000 * x))
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(samples.tobytes())
+    return buf.getvalue()
 
 
-async def run_level(args: argparse.Namespace, c: int, request: dict[str, Any], headers: dict[str, str]) -> list[dict]:
-    results = await asyncio.gather(*(one_session(args.url, request, args.text, args.settle, headers, args.timeout)
-                                     for _ in range(c)), return_exceptions=True)
+def add_voice(http_url: str, voice_id: str, seconds: float, api_key: str | None) -> None:
+    """Store a voice on the server (`POST /v1/references/add`) for the sessions to prefill as `reference_id`."""
+    body = pack({"id": voice_id, "audio": voice_clip(seconds),
+                 "text": " ".join(["This is the stored voice the probe speaks with."] * max(1, round(seconds / 3)))})
+    headers = {"content-type": "application/msgpack"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    req = urllib.request.Request(http_url + "/v1/references/add", data=body, headers=headers, method="POST")
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        resp.read()
+
+
+async def run_level(args: argparse.Namespace, c: int, request: dict[str, Any], headers: dict[str, str],
+                    round_no: int) -> list[dict]:
+    throughput = args.mode == "throughput"
+    texts = [args.text or TURN_TEXT] * args.turns if throughput else [args.text or TEXT]
+    # Throughput: sessions open spread over --stagger seconds, so later ones meet a server that is already busy.
+    delays = [args.stagger * i / c for i in range(c)] if throughput else [0.0] * c
+    level_t0 = time.perf_counter()
+    results = await asyncio.gather(*(one_session(args.url, request, texts, args.settle, headers, args.timeout, d,
+                                                 level_t0) for d in delays), return_exceptions=True)
     out = []
     for r in results:
-        out.append({"ok": False, "error": repr(r)} if isinstance(r, BaseException) else r)
+        rec = {"ok": False, "error": repr(r)} if isinstance(r, BaseException) else r
+        rec["round"] = round_no
+        out.append(rec)
     return out
-
-
-def max_gap(r: dict[str, Any]) -> float:
-    """The longest wait between two audio messages of a session, in seconds (0 with fewer than two)."""
-    ts = [t for t, _ in r.get("chunks", [])]
-    return max((b - a for a, b in zip(ts, ts[1:])), default=0.0)
 
 
 _GC_LINE = re.compile(r'^rtts_gc_pause_seconds_(sum|count)\{generation="(\d+)"\} (\S+)$')
@@ -145,44 +194,66 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     headers = {"model": args.model}
     if args.api_key:
         headers["Authorization"] = f"Bearer {args.api_key}"
+    max_new = args.max_new_tokens or (args.frames if args.mode == "throughput" else 256)
     request: dict[str, Any] = {"text": "", "format": "pcm", "sample_rate": args.sample_rate, "latency": args.latency,
-                               "max_new_tokens": args.max_new_tokens}
+                               "max_new_tokens": max_new}
+    http_url = args.url.replace("ws://", "http://", 1).replace("wss://", "https://", 1).rstrip("/")
+    if args.voice_seconds:
+        args.reference_id = args.reference_id or "probe-voice"
+        add_voice(http_url, args.reference_id, args.voice_seconds, args.api_key)
     if args.reference_id:
         request["reference_id"] = args.reference_id
     if args.top_k is not None:
         request["top_k"] = args.top_k
-    metrics_url = args.url.replace("ws://", "http://", 1).replace("wss://", "https://", 1).rstrip("/") + "/metrics"
-    levels, server_gc = {}, {}
+    metrics_url = http_url + "/metrics"
+    levels, server_gc, summary = {}, {}, {}
     for c in [int(x) for x in args.concurrency.split(",")]:
         runs = []
         before = gc_snapshot(metrics_url)
-        for _ in range(args.rounds):
-            runs += await run_level(args, c, request, headers)
+        for k in range(args.rounds):
+            runs += await run_level(args, c, request, headers, k)
         after = gc_snapshot(metrics_url)
         levels[str(c)] = runs
+        summary[str(c)] = asdict(report.summarize(c, runs))
         if before is not None and after is not None:  # collections during this level: count and seconds
             server_gc[str(c)] = {k: after[k] - before.get(k, 0.0) for k in after}
-    return {"levels": levels, "request": request, "server_gc": server_gc}
+        s = summary[str(c)]
+        print(f"c={c}: {s['sessions_ok']}/{s['sessions']} ok, TTFA p50 {s['ttfa_p50_ms']:.1f} ms, "
+              f"{s['frames_per_s']:.0f} frames/s, {s['underruns']} underruns", flush=True)
+    return {"levels": levels, "request": request, "server_gc": server_gc, "summary": summary, "mode": args.mode,
+            "turns": args.turns if args.mode == "throughput" else 1, "stagger": args.stagger}
 
 
-def full_gcs(d: dict[str, float] | None) -> str:
-    """'N (T)': full (generation 2) collections the server ran during a level and their total milliseconds."""
-    if not d:
-        return "-"
-    return f"{d.get('2 count', 0):.0f} ({1000 * d.get('2 sum', 0):.0f})"
+def write(data: dict[str, Any], out: Path, stem: str, name: str) -> None:
+    """The report's JSON, its markdown table and (with matplotlib) its plot, side by side."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=None, separators=(",", ":")))
+    table = report.markdown(data, name)
+    (out / f"{stem}.md").write_text(table)
+    if not report.plot(data, out / f"{stem}.png"):
+        print("matplotlib is not installed: no plot (rewrite it later with --replot)")
+    print(table)
+    print(f"wrote {out / stem}.json")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default="ws://127.0.0.1:8080")
+    p.add_argument("--mode", choices=["ttfa", "throughput"], default="ttfa",
+                   help="ttfa: one short turn per session; throughput: every session generates --turns turns")
     p.add_argument("--concurrency", default="1")
     p.add_argument("--rounds", type=int, default=3, help="repetitions of each concurrency level")
-    p.add_argument("--text", default=TEXT)
+    p.add_argument("--turns", type=int, default=3, help="throughput mode: turns per session")
+    p.add_argument("--frames", type=int, default=200, help="throughput mode: frames per turn (max_new_tokens)")
+    p.add_argument("--stagger", type=float, default=1.0, help="throughput mode: seconds over which sessions open")
+    p.add_argument("--text", default=None, help="the turn's text (default: a short sentence; ~40 tokens in throughput)")
     p.add_argument("--sample-rate", type=int, default=44100)
     p.add_argument("--latency", default="balanced")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--reference-id")
+    p.add_argument("--voice-seconds", type=float, default=None,
+                   help="first store a synthetic voice clip of this length (as --reference-id, default probe-voice)")
     p.add_argument("--api-key")
     p.add_argument("--model", default="s2-pro")
     p.add_argument("--settle", type=float, default=0.5, help="seconds between start and the text (voice prefill)")
@@ -191,39 +262,34 @@ def main() -> None:
     p.add_argument("--commit", default=None)
     p.add_argument("--hardware", default="", help="free text recorded in the report (GPU, host)")
     p.add_argument("--out", default="latency_reports")
+    p.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"),
+                   help="compare two reports; exit 1 on a regression at c = 1, 16 or 64 (frames/s -5%%, TTFA +10%%)")
+    p.add_argument("--replot", metavar="REPORT", help="rewrite a report's markdown and plot from its JSON")
     args = p.parse_args()
+    if args.compare:
+        old, new = (json.loads(Path(f).read_text()) for f in args.compare)
+        table, regressed = report.compare(old, new)
+        print(table)
+        sys.exit(1 if regressed else 0)
+    if args.replot:
+        path = Path(args.replot)
+        data = json.loads(path.read_text())
+        data.setdefault("summary", report.summaries(data))
+        write(data, path.parent, path.stem, path.stem.split("_", 2)[-1])
+        return
     data = asyncio.run(main_async(args))
     data.update({"command": recorded_command(args),
                  "commit": args.commit or commit(), "hardware": args.hardware,
                  "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")})
-    rows = ["| concurrency | sessions ok | TTFA p50 ms | p90 ms | p99 ms | underruns | max lateness ms "
-            "| max chunk gap ms | RTF mean | server full GCs (ms) |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
-    for c, runs in data["levels"].items():
-        ok = [r for r in runs if r.get("ok")]
-        ttfa = [1000 * r["ttfa_s"] for r in ok]
-        rtf = [r["rtf"] for r in ok if r.get("rtf") is not None]
-        rows.append(f"| {c} | {len(ok)}/{len(runs)} | {pct(ttfa, 50):.1f} | {pct(ttfa, 90):.1f} | {pct(ttfa, 99):.1f} "
-                    f"| {sum(1 for r in ok if r.get('underrun'))} | "
-                    f"{1000 * max((r['max_lateness_s'] for r in ok), default=0):.1f} "
-                    f"| {1000 * max((max_gap(r) for r in ok), default=0):.1f} "
-                    f"| {statistics.mean(rtf) if rtf else float('nan'):.3f} | {full_gcs(data['server_gc'].get(c))} |")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = f"{datetime.date.today().isoformat()}_{data['commit']}_{args.name}"
-    (out / f"{stem}.json").write_text(json.dumps(data, indent=1))
-    table = "\n".join(rows)
-    (out / f"{stem}.md").write_text(f"# {args.name}\n\n- command: `{data['command']}`\n- commit: `{data['commit']}`\n"
-                                    f"- hardware: {args.hardware}\n- date: {data['date']}\n\n{table}\n")
-    print(table)
-    print(f"wrote {out / stem}.json")
+    write(data, Path(args.out), stem, args.name)
 
 
 def recorded_command(args: argparse.Namespace) -> str:
     """The command line that reproduces this run, shell-quoted, without the API key (reports are committed)."""
     words = ["python", "clients/probe.py"]
     for k, v in vars(args).items():
-        if v is None or k == "api_key":
+        if v is None or k in ("api_key", "compare", "replot"):
             continue
         words += [f"--{k.replace('_', '-')}", str(v)]
     if args.api_key:
