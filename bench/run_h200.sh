@@ -17,6 +17,12 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   >/dev/null 2>&1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 RTTS_HOME=/tmp/rh
+wait_healthy() {  # PORT SECONDS: until the server on PORT answers /v1/health
+  for _ in $(seq 1 "$2"); do
+    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$1/v1/health', timeout=1)" 2>/dev/null && return
+    sleep 1
+  done
+}
 for step in "$@"; do
   case $step in
     tests) timeout 360 python3 -m pytest -q -m gpu tests/test_kernels.py tests/test_layer_kernels.py tests/test_dequant.py tests/test_gpu.py tests/test_quant.py \
@@ -55,11 +61,7 @@ for step in "$@"; do
         --prefill-rows ${TTFA_PREFILL_ROWS:-16} --max-ctx 2048 --port 8090 \
         > "$OUT/serve.log" 2>&1 &
       pid=$!
-      for _ in $(seq 1 120); do
-        python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8090/v1/health', timeout=1)" \
-          2>/dev/null && break
-        sleep 1
-      done
+      wait_healthy 8090 120
       timeout 150 python3 clients/probe.py --url ws://127.0.0.1:8090 --concurrency ${TTFA_CONC:-1,8} --rounds 5 --settle 0.5 \
         --name "${TTFA_NAME:-h200-s2pro-random-bf16}" --hardware "1x H200, ${TTFA_FP8:+FP8 linears, }bf16, rtts kernels; RTTS_CODEC_GRAPHS=${RTTS_CODEC_GRAPHS:-on} RTTS_PREFILL_GRAPHS=${RTTS_PREFILL_GRAPHS:-on} RTTS_CODEC_TF32=${RTTS_CODEC_TF32:-on}, prefill rows ${TTFA_PREFILL_ROWS:-16}" \
         --commit "${RTTS_COMMIT:-unknown}" --out "$OUT" 2>&1 | tail -6
@@ -68,11 +70,7 @@ for step in "$@"; do
       python3 -m rtts serve --random-preset s2-pro --fp8 --device cuda --max-running 64 --max-ctx 2048 --port 8091 \
         ${TPUT_SERVE_ARGS:-} > "$OUT/serve-tput.log" 2>&1 &
       pid=$!
-      for _ in $(seq 1 180); do
-        python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8091/v1/health', timeout=1)" \
-          2>/dev/null && break
-        sleep 1
-      done
+      wait_healthy 8091 180
       timeout ${TPUT_TIMEOUT:-240} python3 clients/probe.py --url ws://127.0.0.1:8091 --mode throughput \
         --concurrency ${TPUT_CONC:-1,16,32,64} --rounds ${TPUT_ROUNDS:-1} --turns ${TPUT_TURNS:-3} --frames ${TPUT_FRAMES:-200} \
         --stagger 1 --voice-seconds 10 --name "${TPUT_NAME:-h200-s2pro-random-fp8-throughput}" \
