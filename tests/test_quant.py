@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from safetensors import safe_open
 
 from rtts.__main__ import main
-from rtts.bench.gate import make_demo, run_gate
+from rtts.bench.gate import NOISE_FACTOR, FrameTrace, compare_frame, judge, make_demo, run_gate
 from rtts.model.loading import load_model
 from rtts.model.quant import FP8FeedForward, FP8Linear
 
@@ -58,11 +59,11 @@ def test_every_quantized_layer_matches_bf16(demo: tuple[Path, Path]) -> None:
 def test_packed_fp8_model_matches_unpacked(demo: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the GPU runs the wgmma GEMM, loading repacks every FP8 weight (gate|up fused, then packed; w1/w3 stay
     views of packed tiles). Forced on the CPU path, the packed model computes exactly what the [N, K] one does."""
-    from rtts import kernels
+    from rtts.kernels import gemm
 
     _, dst = demo
     plain = load_model(dst, dtype=torch.bfloat16)
-    monkeypatch.setattr(kernels, "packs_weights", lambda device: True)
+    monkeypatch.setattr(gemm, "packs_weights", lambda device: True)  # what prepare_weight asks
     packed = load_model(dst, dtype=torch.bfloat16)
     mods = dict(plain.model.named_modules())
     seen = 0
@@ -84,8 +85,77 @@ def test_packed_fp8_model_matches_unpacked(demo: tuple[Path, Path], monkeypatch:
 
 def test_gate_fp8_matches_bf16_greedy(demo: tuple[Path, Path]) -> None:
     r = run_gate(*demo)
-    assert r.passed, vars(r)
+    assert r.passed, r.failures
     assert len({tuple(c) for c in r.columns_bf16}) > 1  # the gate is not decided by one repeated frame
+    assert r.decisions > 5 * r.frames and len(r.flips) == len(r.near_ties)
+
+
+def test_gate_of_a_model_against_itself_is_exact(demo: tuple[Path, Path]) -> None:
+    """Teacher forcing feeds both runs the same inputs: identical models decide everything alike, to the bit."""
+    src, _ = demo
+    r = run_gate(src, src, frames=3)
+    assert r.passed and r.flips == [] and r.decisions == 3 * 10
+    assert r.max_rel_logit_error == 0.0 and r.max_rel_fast_logit_error == 0.0
+
+
+@pytest.mark.parametrize(("name", "factor"), [
+    ("text_model.model.layers.1.attention.wo.weight_scale", 4.0),  # the slow model: main-token logits drift
+    ("audio_decoder.layers.1.attention.wo.weight_scale", -1.0),  # the fast transformer: the codebooks' logits drift
+])
+def test_gate_fails_a_corrupted_block_scale(demo: tuple[Path, Path], tmp_path: Path, name: str,
+                                            factor: float) -> None:
+    """One 128x128 weight block's scale wrong in the FP8 copy: the gate must notice."""
+    from safetensors.torch import load_file, save_file
+
+    src, dst = demo
+    bad = tmp_path / "fp8"
+    shutil.copytree(dst, bad)
+    tensors = load_file(str(bad / "model.safetensors"))
+    tensors[name][0, 0] *= factor
+    save_file(tensors, str(bad / "model.safetensors"))
+    r = run_gate(src, bad)
+    assert not r.passed and r.failures
+    assert max(r.max_rel_logit_error, r.max_rel_fast_logit_error) >= 0.2
+
+
+def test_gate_near_tie_rule() -> None:
+    """A flip is accepted when bf16's margin is within FP8's noise at that decision, not when one logit is far off."""
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(64, generator=g)
+    ref[0], ref[1] = 4.0, 3.98  # bf16 picks 0 by a hair
+    fp8 = ref + 0.05 * torch.randn(64, generator=g)
+    fp8[0], fp8[1] = 3.97, 4.0
+    margin, noise, near_tie = judge(ref, fp8, 0, 1)
+    assert near_tie and abs(margin - 0.02) < 1e-6 and 0.05 < noise < 0.1
+
+    ref[1] = 2.0  # a clear decision that FP8 flips by getting one logit badly wrong
+    fp8 = ref + 0.05 * torch.randn(64, generator=g)
+    fp8[1] = 4.5
+    margin, noise, near_tie = judge(ref, fp8, 0, 1)
+    assert not near_tie and margin == 2.0 and noise < margin / NOISE_FACTOR
+    # a shift common to every logit changes no decision: it is not noise
+    assert judge(ref, ref + 1.0, 0, 1)[1] < 1e-6
+
+
+def test_gate_compares_a_frame_up_to_its_first_flip() -> None:
+    """Codebook k+1 is decided after codebook k: after a flip the two models' inputs differ, so the frame stops."""
+    g = torch.Generator().manual_seed(1)
+    slow, fast = torch.randn(512, generator=g), [torch.randn(64, generator=g) for _ in range(9)]
+    main_ids = list(range(446, 510)) + [413]
+    ref = FrameTrace(slow, slow[main_ids], fast)
+    col = torch.tensor([450, 4] + [int(f.argmax()) for f in fast])
+    assert compare_frame(0, ref, ref, col, col, main_ids) == (10, None)
+    other = col.clone()
+    other[4] = (other[4] + 1) % 64  # codebook 3
+    other[6] = (other[6] + 1) % 64  # codebook 5: after the first flip, not compared
+    n, flip = compare_frame(2, ref, ref, col, other, main_ids)
+    assert n == 4 and flip is not None
+    assert (flip.frame, flip.codebook, flip.bf16, flip.fp8) == (2, 3, int(col[4]), int(other[4]))
+    assert not flip.near_tie  # the same logits: no noise to explain it
+    other = col.clone()
+    other[0] = 451
+    n, flip = compare_frame(0, ref, ref, col, other, main_ids)
+    assert n == 1 and flip is not None and (flip.codebook, flip.bf16, flip.fp8) == (0, 450, 451)
 
 
 def test_quantize_cli_refuses_bad_input(tmp_path: Path, golden: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -99,7 +169,7 @@ def test_quantize_cli_refuses_bad_input(tmp_path: Path, golden: Path, capsys: py
 @pytest.mark.gpu
 def test_gate_on_gpu_kernels(demo: tuple[Path, Path]) -> None:
     r = run_gate(*demo, device="cuda")
-    assert r.passed, vars(r)
+    assert r.passed, r.failures
     assert r.columns_fp8_graphs is not None  # the served way too: frame 0 and the decode steps from CUDA graphs
 
 
@@ -135,8 +205,9 @@ def test_quantize_at_load_equals_the_quantized_checkpoint(demo: tuple[Path, Path
     """`rtts serve --fp8` (and --random-preset --fp8, every FP8 benchmark) quantizes the loaded model in place: the
     same FP8 weights and scales as `rtts quantize` then load. The flag reaches the server for real checkpoints too
     (it was read only with --random-preset)."""
+    from rtts import runtime
     from rtts.model.quant import quantize_model_
-    from rtts.ws import runtime, server
+    from rtts.ws import server
 
     src, dst = demo
     q = load_model(dst, dtype=torch.bfloat16)
