@@ -35,68 +35,56 @@ __device__ __forceinline__ void store_vec(float* p, const float (&v)[VEC]) {
     }
 }
 
-template <int VEC>
-__device__ __forceinline__ void load_vec(const bf16_t* p, float (&v)[VEC]) {
-    if constexpr (VEC == 4) {
-        const uint2 q = *reinterpret_cast<const uint2*>(p);
-        v[0] = bf16_to_float(q.x & 0xffff); v[1] = bf16_to_float(q.x >> 16);
-        v[2] = bf16_to_float(q.y & 0xffff); v[3] = bf16_to_float(q.y >> 16);
-    } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) v[j] = bf16_to_float(p[j]);
-    }
-}
-
-template <int VEC>
-__device__ __forceinline__ void store_vec(bf16_t* p, const float (&v)[VEC]) {
-    if constexpr (VEC == 4) {
-        uint2 q;
-        q.x = (unsigned)float_to_bf16(v[0]) | ((unsigned)float_to_bf16(v[1]) << 16);
-        q.y = (unsigned)float_to_bf16(v[2]) | ((unsigned)float_to_bf16(v[3]) << 16);
-        *reinterpret_cast<uint2*>(p) = q;
-    } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) p[j] = float_to_bf16(v[j]);
-    }
-}
-
-// IEEE half as raw bits, in a struct of its own: bf16_t is an unsigned short too, and the overloads must differ.
+// The 16-bit formats, as raw bits: bfloat16 (bf16_t, common.cuh) and IEEE half. f16_t wraps its bits in a struct of
+// its own so that the kernel's element type tells the two apart (bf16_t is an unsigned short).
 struct f16_t { unsigned short bits; };
 
-__device__ __forceinline__ float f16_to_float(unsigned short h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
+template <typename T> struct Bits16;
 
-__device__ __forceinline__ unsigned short float_to_f16(float f) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
+template <> struct Bits16<bf16_t> {
+    static __device__ __forceinline__ float to_float(unsigned short h) { return bf16_to_float(h); }
+    static __device__ __forceinline__ unsigned short from_float(float f) { return float_to_bf16(f); }
+};
 
-template <int VEC>
-__device__ __forceinline__ void load_vec(const f16_t* p, float (&v)[VEC]) {
+template <> struct Bits16<f16_t> {
+    static __device__ __forceinline__ float to_float(unsigned short h) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+        return f;
+    }
+    static __device__ __forceinline__ unsigned short from_float(float f) {
+        unsigned short h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+        return h;
+    }
+};
+
+template <int VEC, typename T>
+__device__ __forceinline__ void load_vec(const T* p, float (&v)[VEC]) {
+    using B = Bits16<T>;
     if constexpr (VEC == 4) {
         const uint2 q = *reinterpret_cast<const uint2*>(p);
-        v[0] = f16_to_float(q.x & 0xffff); v[1] = f16_to_float(q.x >> 16);
-        v[2] = f16_to_float(q.y & 0xffff); v[3] = f16_to_float(q.y >> 16);
+        v[0] = B::to_float(q.x & 0xffff); v[1] = B::to_float(q.x >> 16);
+        v[2] = B::to_float(q.y & 0xffff); v[3] = B::to_float(q.y >> 16);
     } else {
+        const unsigned short* b = reinterpret_cast<const unsigned short*>(p);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) v[j] = f16_to_float(p[j].bits);
+        for (int j = 0; j < VEC; ++j) v[j] = B::to_float(b[j]);
     }
 }
 
-template <int VEC>
-__device__ __forceinline__ void store_vec(f16_t* p, const float (&v)[VEC]) {
+template <int VEC, typename T>
+__device__ __forceinline__ void store_vec(T* p, const float (&v)[VEC]) {
+    using B = Bits16<T>;
     if constexpr (VEC == 4) {
         uint2 q;
-        q.x = (unsigned)float_to_f16(v[0]) | ((unsigned)float_to_f16(v[1]) << 16);
-        q.y = (unsigned)float_to_f16(v[2]) | ((unsigned)float_to_f16(v[3]) << 16);
+        q.x = (unsigned)B::from_float(v[0]) | ((unsigned)B::from_float(v[1]) << 16);
+        q.y = (unsigned)B::from_float(v[2]) | ((unsigned)B::from_float(v[3]) << 16);
         *reinterpret_cast<uint2*>(p) = q;
     } else {
+        unsigned short* b = reinterpret_cast<unsigned short*>(p);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) p[j].bits = float_to_f16(v[j]);
+        for (int j = 0; j < VEC; ++j) b[j] = B::from_float(v[j]);
     }
 }
 
