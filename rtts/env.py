@@ -122,6 +122,9 @@ def codec_tf32() -> bool:
     return _on_unless_off("RTTS_CODEC_TF32")
 
 
+CODEC_DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
 def codec_dtype() -> str:
     """RTTS_CODEC_DTYPE (auto, float32, float16, bfloat16): the precision `rtts serve` decodes audio in (the default of
     --codec-dtype). auto: float16 on CUDA, float32 on CPU; reference encoding always runs in float32."""
@@ -129,9 +132,6 @@ def codec_dtype() -> str:
     if value not in CODEC_DTYPES:
         raise ValueError(f"RTTS_CODEC_DTYPE={value!r}: want one of {', '.join(CODEC_DTYPES)}")
     return value
-
-
-CODEC_DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
 def kernel_cache_dir() -> str | None:

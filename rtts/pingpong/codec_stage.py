@@ -51,14 +51,15 @@ class CodecWorker:
                  max_buffer_seconds: float = 120.0, tf32: bool = True) -> None:
         self.codec = codec
         self.dev = dev
-        if dev.cuda and codec.dtype == torch.float32:
-            # TF32 tensor cores for the codec's convolutions: a chunk at many streams decodes in well under half the
-            # time, with no audible difference from true float32 (figures: bench/results/graphs/README.md). Off,
-            # true float32 keeps streamed and whole decodes within 2e-5 of each other; TF32 puts them ~5e-3 apart
-            # (the stream's convolutions run on other lengths). The switch is process-wide, so only cuDNN's: the LLM
-            # has no convolutions, while TF32 matmuls would change a float32 LLM's tokens (seen on the golden tiny
-            # model). It covers the codec's encoder too (voice references), where a near tie between two code vectors
-            # may then resolve the other way: a reference's codes are a prompt, not a bit-exact artifact.
+        if dev.cuda:
+            # TF32 tensor cores for the codec's float32 convolutions: a chunk at many streams decodes in well under
+            # half the time, with no audible difference from true float32 (figures: bench/results/graphs/README.md).
+            # Off, true float32 keeps streamed and whole decodes within 2e-5 of each other; TF32 puts them ~5e-3
+            # apart (the stream's convolutions run on other lengths). The switch is process-wide, so only cuDNN's:
+            # the LLM has no convolutions, while TF32 matmuls would change a float32 LLM's tokens (seen on the golden
+            # tiny model). It covers the float32 encoder too (voice references), also when the decode runs a half
+            # precision copy, where a near tie between two code vectors may then resolve the other way: a
+            # reference's codes are a prompt, not a bit-exact artifact.
             torch.backends.cudnn.allow_tf32 = tf32
         self.cuda_stream = dev.new_cuda_stream()
         self.inbox: queue.Queue[object] = queue.Queue()
