@@ -91,11 +91,16 @@ def set_kernel_switches(switches: KernelSwitches) -> KernelSwitches:
     return prev
 
 
+def change_kernel_switches(**changes: Any) -> KernelSwitches:
+    """Put the switches in force with `changes` (field names of KernelSwitches); returns the ones they replace."""
+    return set_kernel_switches(dataclasses.replace(_kernel_switches, **changes))
+
+
 @contextlib.contextmanager
 def override_kernel_switches(**changes: Any) -> Iterator[KernelSwitches]:
-    """The kernel switches with `changes` (field names of KernelSwitches) in force inside, for the whole process
-    (tests, probes); the previous ones are restored on exit."""
-    prev = set_kernel_switches(dataclasses.replace(_kernel_switches, **changes))
+    """The kernel switches with `changes` in force inside, for the whole process (tests, probes); the previous ones
+    are restored on exit."""
+    prev = change_kernel_switches(**changes)
     try:
         yield _kernel_switches
     finally:

@@ -1,5 +1,5 @@
 """FP8 weight dequantization (cuda/dequant.cu) and the dense prefill path it serves: FP8 linears over more than
-kernels.FP8_DENSE_ROWS rows run one bf16 GEMM on the dequantized weight instead of 128-token slices of the decode
+gemm.FP8_DENSE_ROWS rows run one bf16 GEMM on the dequantized weight instead of 128-token slices of the decode
 GEMM. CPU tests check the reference, the wrapper's checks and the routing; GPU tests (marked `gpu`) check the kernel
 bit for bit against the reference on random, never-zero weights of odd sizes."""
 
@@ -60,7 +60,7 @@ def test_dequantize_weight_checks_its_operands() -> None:
         kernels.dequantize_weight(q[:, :200].contiguous(), s)
 
 
-@pytest.mark.parametrize("rows", [kernels.FP8_DENSE_ROWS + 1, 300])
+@pytest.mark.parametrize("rows", [gemm.FP8_DENSE_ROWS + 1, 300])
 def test_fp8_linear_over_the_dense_rows_runs_one_dense_gemm(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     mod = _linear(256, 384, seed=2)
     x = torch.randn(1, rows, 256, generator=torch.Generator().manual_seed(3)).bfloat16()
@@ -80,10 +80,10 @@ def test_fp8_linear_at_the_dense_rows_still_runs_the_fp8_gemm(monkeypatch: pytes
     calls = []
     fp8_gemm = gemm.fp8_gemm
     monkeypatch.setattr(gemm, "fp8_gemm", lambda *a: calls.append(a[0].shape[0]) or fp8_gemm(*a))
-    x = torch.randn(kernels.FP8_DENSE_ROWS, 256, generator=torch.Generator().manual_seed(5)).bfloat16()
+    x = torch.randn(gemm.FP8_DENSE_ROWS, 256, generator=torch.Generator().manual_seed(5)).bfloat16()
     with torch.inference_mode():
         y = mod(x)
-    assert calls == [kernels.FP8_DENSE_ROWS]
+    assert calls == [gemm.FP8_DENSE_ROWS]
     dense = nn.functional.linear(x, reference.dequantize_bf16(mod.weight, mod.weight_scale))
     assert float((y.float() - dense.float()).norm() / dense.float().norm()) < 0.05  # activation rounding only
 
@@ -99,7 +99,7 @@ def test_fp8_mlp_dense_path_matches_its_fp8_path(fused: bool, monkeypatch: pytes
     if fused:
         mlp.fuse()
         assert mlp.gate_up is not None
-    x = torch.randn(kernels.FP8_DENSE_ROWS + 3, 256, generator=torch.Generator().manual_seed(6)).bfloat16()
+    x = torch.randn(gemm.FP8_DENSE_ROWS + 3, 256, generator=torch.Generator().manual_seed(6)).bfloat16()
     d = lambda m: reference.dequantize_bf16(m.weight, m.weight_scale)  # noqa: E731
     want = nn.functional.linear(nn.functional.silu(nn.functional.linear(x, d(mlp.w1))) *
                                 nn.functional.linear(x, d(mlp.w3)), d(mlp.w2))
@@ -135,7 +135,7 @@ def test_block_over_the_dense_rows_does_not_quantize_in_its_norms(monkeypatch: p
     block.feed_forward = mlp
     assert block.fp8_inputs
 
-    S = kernels.FP8_DENSE_ROWS + 2
+    S = gemm.FP8_DENSE_ROWS + 2
     x = torch.randn(1, S, 256).bfloat16()
     positions = torch.arange(S)[None]
     rope = rope_table(S, 128, 1e6)[positions]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +44,7 @@ class Variant:
         torch.backends.cudnn.allow_tf32 = self.conv_tf32
         torch.backends.cuda.matmul.allow_tf32 = self.matmul_tf32
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
-        env.set_kernel_switches(dataclasses.replace(env.kernel_switches(), reference_kernels=not self.snake_kernel))
+        env.change_kernel_switches(reference_kernels=not self.snake_kernel)
 
 
 VARIANTS = {
@@ -77,8 +76,8 @@ def voiced_codes(codec: Codec, b: int, seconds: float) -> torch.Tensor:
     for i in range(b):
         f0 = 120 + 20 * i + 30 * torch.sin(2 * torch.pi * (0.5 + 0.2 * i) * t)
         phase = 2 * torch.pi * torch.cumsum(f0, 0) / rate
-        env = 0.5 + 0.5 * torch.sin(2 * torch.pi * (3.5 + 0.3 * i) * t)
-        x = env * sum(torch.sin(k * phase) / k for k in (1, 2, 3, 4, 6))
+        envelope = 0.5 + 0.5 * torch.sin(2 * torch.pi * (3.5 + 0.3 * i) * t)
+        x = envelope * sum(torch.sin(k * phase) / k for k in (1, 2, 3, 4, 6))
         out.append(encode_audio(codec, (0.2 * x).float().numpy()))
     n = min(c.shape[-1] for c in out)
     return torch.stack([c[..., :n] for c in out]).to(codec.device)

@@ -4,7 +4,7 @@
 
 One slot's prompt of 40 / 128 / 320 / 512 positions (a text turn up to a voice prompt's chunk) and a batch of 8
 turns of 40, each timed as engine.prefill_batch between two synchronizations (median of 5 after a warm-up), first
-with the bf16 model, then with the same weights quantized (FP8 linears over kernels.FP8_DENSE_ROWS rows run dense on
+with the bf16 model, then with the same weights quantized (FP8 linears over gemm.FP8_DENSE_ROWS rows run dense on
 the dequantized weight), then quantized with every row through the decode GEMM's 128-token slices ("fp8-sliced", the
 path before); with `--profile`, only a torch.profiler pass of 40 and 512 positions each (host vs GPU time; a run of
 its own: CUPTI slows every launch after it) into OUT/prefill-profile*.json. Then 40-position turns at context

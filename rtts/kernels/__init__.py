@@ -24,9 +24,9 @@ from rtts.kernels.attention import decode_attention, decode_attention_fast
 from rtts.kernels.codec_ops import SNAKE_DTYPES, snake
 from rtts.kernels.draw import token_window_shift
 from rtts.kernels.gemm import (
-    FP8_DENSE_ROWS,
     fp8_gemm,
     fp8_linear,
+    fp8_rows_dense,
     fp8_runs_dense,
     graph_scratch,
     pack_weight,
@@ -36,13 +36,13 @@ from rtts.kernels.gemm import (
 from rtts.kernels.quant import dequantize_weight, quantize_1x128, swiglu_quantize
 
 __all__ = [
-    "FP8_DENSE_ROWS",
     "SNAKE_DTYPES",
     "decode_attention",
     "decode_attention_fast",
     "dequantize_weight",
     "fp8_gemm",
     "fp8_linear",
+    "fp8_rows_dense",
     "fp8_runs_dense",
     "graph_scratch",
     "pack_weight",

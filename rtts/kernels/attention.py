@@ -9,6 +9,7 @@ in bench/results/traces/README.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -73,6 +74,7 @@ class AttentionPlan:
     smem: int
 
 
+@functools.cache
 def plan_attention(B: int, n_kv: int, L: int, D: int, sms: int) -> AttentionPlan:
     """The plan decode_attention launches for B streams of n_kv KV heads of dim D over caches of L positions."""
     S, chunk = attention_splits(B, n_kv, L, sms)

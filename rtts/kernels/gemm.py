@@ -398,9 +398,14 @@ def fp8_linear(x: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor) -> torch.Ten
 FP8_DENSE_ROWS = 128
 
 
+def fp8_rows_dense(rows: int) -> bool:
+    """Whether FP8 linears take `rows` rows dense (more than FP8_DENSE_ROWS of them)."""
+    return rows > FP8_DENSE_ROWS
+
+
 def fp8_runs_dense(x: torch.Tensor) -> bool:
-    """Whether FP8 linears take the rows of x [..., K] dense (more than FP8_DENSE_ROWS of them)."""
-    return x.numel() > FP8_DENSE_ROWS * x.shape[-1]
+    """Whether FP8 linears take the rows of x [..., K] dense."""
+    return fp8_rows_dense(x.numel() // max(1, x.shape[-1]))
 
 
 def warmup(device: torch.device) -> None:

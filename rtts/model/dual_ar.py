@@ -114,7 +114,7 @@ class Block(nn.Module):
         the next block or the caller adds them."""
         an, fn = self.attention_norm, self.ffn_norm
         # FP8 blocks: the norm kernels quantize for the FP8 GEMMs themselves (no quantize kernel after them), except
-        # over kernels.FP8_DENSE_ROWS rows (prefill), where the FP8 modules run dense GEMMs on bf16 rows.
+        # for prefill-sized inputs (kernels.fp8_runs_dense), where the FP8 modules run dense GEMMs on bf16 rows.
         fp8 = self.fp8_inputs and not kernels.fp8_runs_dense(x)
         add_norm = norm_rope.add_rmsnorm_quant if fp8 else norm_rope.add_rmsnorm
         n: torch.Tensor | QuantizedRows

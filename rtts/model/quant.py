@@ -108,7 +108,7 @@ class FP8FeedForward(nn.Module):
         return y.view(*lead, -1).to(x.dtype)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
-        """Prefill (more rows than kernels.FP8_DENSE_ROWS): the weights dequantized to bf16, dense GEMMs, SwiGLU in
+        """Prefill (kernels.fp8_runs_dense): the weights dequantized to bf16, dense GEMMs, SwiGLU in
         bf16 (no activation quantization: the rows never meet an FP8 GEMM)."""
         xb, linear = x.to(torch.bfloat16), nn.functional.linear
         if self.gate_up is not None and self.gate_up_scale is not None:

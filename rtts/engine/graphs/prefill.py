@@ -77,7 +77,7 @@ class PrefillRunner:
     slot, padded items on the scratch slot; keys past a query's position are masked, so a span longer than the rows'
     histories changes nothing but the work (each layer gathers span positions per item: two spans, 1024 and the
     whole cache, keep that bounded). Shapes without a graph run eager, and so do FP8 models' chunks whose padding
-    would cross kernels.FP8_DENSE_ROWS (the dense path: other numbers, more weight traffic)."""
+    would cross into the dense path (kernels.fp8_rows_dense: other numbers, more weight traffic)."""
 
     def __init__(self, engine: Engine, lengths: tuple[int, ...] = PREFILL_LENGTHS, max_positions: int = 2048) -> None:
         self.engine = engine
@@ -101,7 +101,7 @@ class PrefillRunner:
         b = bucket_for(self.buckets, batch)
         s = bucket_for(self.lengths, length)
         kv = bucket_for(self.spans, max(kv_len, s))
-        if self.fp8 and batch * length <= kernels.FP8_DENSE_ROWS < b * s:
+        if self.fp8 and not kernels.fp8_rows_dense(batch * length) and kernels.fp8_rows_dense(b * s):
             return None
         key = (b, s, kv)
         return key if key in self.keys else None
