@@ -72,7 +72,7 @@ for step in "$@"; do
       pid=$!
       wait_healthy 8091 180
       timeout ${TPUT_TIMEOUT:-240} python3 clients/probe.py --url ws://127.0.0.1:8091 --mode throughput \
-        --concurrency ${TPUT_CONC:-1,16,32,64} --rounds ${TPUT_ROUNDS:-1} --turns ${TPUT_TURNS:-3} --frames ${TPUT_FRAMES:-200} \
+        --concurrency ${TPUT_CONC:-1,16,32,64} --rounds ${TPUT_ROUNDS:-1} --turns ${TPUT_TURNS:-3} --max-new-tokens ${TPUT_FRAMES:-200} \
         --stagger 1 --voice-seconds 10 --name "${TPUT_NAME:-h200-s2pro-random-fp8-throughput}" \
         --hardware "1x H200, FP8 linears, bf16, rtts kernels, 64 slots ${TPUT_SERVE_ARGS:-}" \
         --commit "${RTTS_COMMIT:-unknown}" --out "$OUT" 2>&1 | grep -v "^|" | tail -8

@@ -6,7 +6,7 @@ message's arrival time raw:
 - `--mode ttfa` (default): start (the voice prompt prefills server-side) -> settle -> one short text + flush (t0) ->
   first audio (TTFA) -> stop -> finish.
 - `--mode throughput`: the sessions open spread over `--stagger` seconds; each sends `--turns` texts of about forty
-  tokens with a flush after each (`--frames` frames each at most), then stop, so every session keeps generating
+  tokens with a flush after each (`--max-new-tokens` frames each at most), then stop, so every session keeps generating
   while the others do. The summary gives aggregate delivered frames/s and audio-seconds/s beside TTFA.
 Playback health: with playback starting at the first chunk, a chunk that arrives after the audio before it has
 finished playing is an underrun (its lateness is recorded).
@@ -69,12 +69,13 @@ TURN_TEXT = ("Thanks for calling. I can help you change your booking, check the 
 
 
 async def one_session(url: str, request: dict[str, Any], texts: list[str], settle: float, headers: dict[str, str],
-                      timeout: float, delay: float = 0.0, level_t0: float | None = None) -> dict[str, Any]:
+                      timeout: float, delay: float, level_t0: float, stop_at_first_audio: bool) -> dict[str, Any]:
     """One live session: start (the voice prompt prefills), settle, then every text with a flush (one turn each),
     stop, and the finish. Every audio message's arrival is kept, in seconds since the first text was sent.
 
-    The ttfa mode sends one text and its stop right after the first audio; the throughput mode sends all its turns
-    at once, so the server generates them back to back while the other sessions do the same."""
+    stop_at_first_audio (the ttfa mode) sends the stop right after the first audio; otherwise (the throughput mode)
+    it follows the texts at once, so the server generates the turns back to back while the other sessions do the
+    same."""
     import websockets  # (here: --compare and --replot need no network stack)
 
     await asyncio.sleep(delay)
@@ -86,13 +87,12 @@ async def one_session(url: str, request: dict[str, Any], texts: list[str], settl
         await ws.send(pack({"event": "start", "request": request}))
         await asyncio.sleep(settle)  # the server prefills the voice prompt meanwhile
         t0 = time.perf_counter()
-        if level_t0 is not None:
-            rec["t_start_s"] = t0 - level_t0
+        rec["t_start_s"] = t0 - level_t0
         for text in texts:
             await ws.send(pack({"event": "text", "text": text}))
             await ws.send(pack({"event": "flush"}))
         chunks: list[tuple[float, int]] = []
-        stopped = len(texts) > 1
+        stopped = not stop_at_first_audio
         if stopped:
             await ws.send(pack({"event": "stop"}))
         while True:
@@ -159,7 +159,8 @@ async def run_level(args: argparse.Namespace, c: int, request: dict[str, Any], h
     delays = [args.stagger * i / c for i in range(c)] if throughput else [0.0] * c
     level_t0 = time.perf_counter()
     results = await asyncio.gather(*(one_session(args.url, request, texts, args.settle, headers, args.timeout, d,
-                                                 level_t0) for d in delays), return_exceptions=True)
+                                                 level_t0, not throughput) for d in delays),
+                                   return_exceptions=True)
     out = []
     for r in results:
         rec = {"ok": False, "error": repr(r)} if isinstance(r, BaseException) else r
@@ -194,7 +195,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     headers = {"model": args.model}
     if args.api_key:
         headers["Authorization"] = f"Bearer {args.api_key}"
-    max_new = args.max_new_tokens or (args.frames if args.mode == "throughput" else 256)
+    max_new = args.max_new_tokens or (200 if args.mode == "throughput" else 256)
     request: dict[str, Any] = {"text": "", "format": "pcm", "sample_rate": args.sample_rate, "latency": args.latency,
                                "max_new_tokens": max_new}
     http_url = args.url.replace("ws://", "http://", 1).replace("wss://", "https://", 1).rstrip("/")
@@ -244,12 +245,12 @@ def main() -> None:
     p.add_argument("--concurrency", default="1")
     p.add_argument("--rounds", type=int, default=3, help="repetitions of each concurrency level")
     p.add_argument("--turns", type=int, default=3, help="throughput mode: turns per session")
-    p.add_argument("--frames", type=int, default=200, help="throughput mode: frames per turn (max_new_tokens)")
     p.add_argument("--stagger", type=float, default=1.0, help="throughput mode: seconds over which sessions open")
     p.add_argument("--text", default=None, help="the turn's text (default: a short sentence; ~40 tokens in throughput)")
     p.add_argument("--sample-rate", type=int, default=44100)
     p.add_argument("--latency", default="balanced")
-    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="frames per turn at most (default: 200 in throughput mode, 256 in ttfa mode)")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--reference-id")
     p.add_argument("--voice-seconds", type=float, default=None,
@@ -274,7 +275,7 @@ def main() -> None:
     if args.replot:
         path = Path(args.replot)
         data = json.loads(path.read_text())
-        data.setdefault("summary", report.summaries(data))
+        data["summary"] = report.summaries(data)
         write(data, path.parent, path.stem, path.stem.split("_", 2)[-1])
         return
     data = asyncio.run(main_async(args))

@@ -111,8 +111,9 @@ def summarize(c: int, runs: list[dict[str, Any]]) -> LevelSummary:
 
 
 def summaries(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The report's summary per concurrency: the stored one, or derived from the raw sessions of an older report."""
-    if report.get("summary"):
+    """The report's summary per concurrency, derived from its raw sessions; a summary-only report (a baseline) gives
+    the one it stores."""
+    if not report.get("levels"):
         return report["summary"]
     return {c: asdict(summarize(int(c), runs)) for c, runs in report["levels"].items()}
 

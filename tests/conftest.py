@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
+import soundfile as sf
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -103,17 +103,8 @@ def tiny_s2_legacy_codec(golden: Path, tmp_path_factory: pytest.TempPathFactory)
 def encode1s_wav(golden: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tiny-s2's `codec/encode1s.signal.npy` as a mono IEEE-float32 WAV at 44.1 kHz."""
     path = tmp_path_factory.mktemp("golden") / "encode1s.signal.wav"
-    write_float_wav(path, np.load(golden / "tiny-s2" / "fixtures" / "codec" / "encode1s.signal.npy"), 44100)
+    sf.write(path, np.load(golden / "tiny-s2" / "fixtures" / "codec" / "encode1s.signal.npy"), 44100, subtype="FLOAT")
     return path
-
-
-def write_float_wav(path: Path, samples: np.ndarray, rate: int) -> None:
-    """Mono float32 WAV in the plain layout (fmt, fact, data; no PEAK chunk, which soundfile would add)."""
-    data = np.ascontiguousarray(samples, dtype="<f4").tobytes()
-    fmt = struct.pack("<HHIIHH", 3, 1, rate, rate * 4, 4, 32)  # WAVE_FORMAT_IEEE_FLOAT, mono, 4-byte frames
-    chunks = (b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"fact" + struct.pack("<II", 4, len(samples))
-              + b"data" + struct.pack("<I", len(data)) + data)
-    path.write_bytes(b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks)
 
 
 # ------------------------------------------------------------------------------------------------ the live server

@@ -119,6 +119,9 @@ def judge(ref: torch.Tensor, fp8: torch.Tensor, ref_choice: int, fp8_choice: int
     return margin, noise, margin <= NOISE_FACTOR * noise
 
 
+_TRACED = frozenset({"slow_logits", "slow_logits_penalized", "fast_logits", "fast_logits_penalized"})
+
+
 @dataclass
 class FrameTrace:
     """One frame's decision logits (float32, CPU): the main token's over its candidates and each fast codebook's."""
@@ -148,6 +151,8 @@ class GreedyRun:
         e.prefill(0, self._builder.system())
 
     def _trace(self, name: str, t: torch.Tensor) -> None:
+        if name not in _TRACED:  # (each copy to the host is a device sync)
+            return
         v = t[0].float().cpu()
         if name == "slow_logits":
             self.frames.append(FrameTrace(v, v[self._main_ids]))

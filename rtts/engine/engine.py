@@ -194,17 +194,21 @@ class Engine:
         """Capture (CUDA only) and from now on replay the decode step (decode_batch) and turns' frame 0 (prefill_batch)
         from CUDA graphs, and with `prefill` also turn-sized prompt chunks of up to prefill_token_budget padded
         positions per batch. In that order; call it before any thread runs the engine."""
+        self.release_graphs()  # an earlier capture's memory pools go before the new ones are taken
         decode = DecodeRunner(self)
         decode.capture()
         self.decode_runner = decode
         frame_zero = FrameZeroRunner(self)
         frame_zero.capture()
         self.frame_zero_runner = frame_zero
-        self.prefill_runner = None
         if prefill:
             chunks = PrefillRunner(self, max_positions=prefill_token_budget)
             chunks.capture()
             self.prefill_runner = chunks if chunks.graphs else None
+
+    def release_graphs(self) -> None:
+        """Run everything eager again (a scheduler without graphs on an engine that an earlier one captured)."""
+        self.decode_runner = self.frame_zero_runner = self.prefill_runner = None
 
     # ------------------------------------------------------------------ slot lifecycle
 

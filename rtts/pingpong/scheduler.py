@@ -70,6 +70,8 @@ class Scheduler:
             self.engine.capture_graphs(prefill=cfg.prefill_graphs, prefill_token_budget=cfg.prefill_token_budget)
             if cfg.codec_graphs:
                 self.codec_worker.capture_graphs()
+        else:
+            self.engine.release_graphs()
         for name, target in (("rtts-prefill", self.prefill.run), ("rtts-decode", self.decode.run),
                              ("rtts-codec", self.codec_worker.run)):
             t = threading.Thread(target=target, name=name, daemon=True)
