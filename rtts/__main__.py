@@ -51,8 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--codec-graphs", action=argparse.BooleanOptionalAction, default=env.codec_graphs(),
                    help="decode audio chunks from CUDA graphs (default: on unless RTTS_CODEC_GRAPHS=0; CUDA only)")
     v.add_argument("--codec-tf32", action=argparse.BooleanOptionalAction, default=env.codec_tf32(),
-                   help="run the codec's convolutions (audio decode, reference encode) on TF32 tensor cores "
-                        "(default: on unless RTTS_CODEC_TF32=0; CUDA only; off: true float32, ~2.4x slower decode)")
+                   help="run the codec's float32 convolutions (reference encode, and the audio decode with "
+                        "--codec-dtype float32) on TF32 tensor cores (default: on unless RTTS_CODEC_TF32=0; CUDA only; "
+                        "off: true float32, a float32 decode ~2.4x slower)")
     v.add_argument("--codec-dtype", choices=env.CODEC_DTYPES, default=env.codec_dtype(),
                    help="precision of the audio decode (default: auto = float16 on CUDA, float32 on CPU, or "
                         "RTTS_CODEC_DTYPE; half precision decodes from a copy of the codec, references still encode "

@@ -23,12 +23,12 @@ def _on_unless_off(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() not in ("0", "false", "no", "off")
 
 
-def _choice(environ: Mapping[str, str], name: str, allowed: tuple[str, str]) -> str:
+def _choice(environ: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str:
     """The stripped value of a setting that must be one of `allowed` ("" when unset); anything else is an error
     rather than a silent default."""
     v = environ.get(name, "").strip()
     if v not in ("", *allowed):
-        raise ValueError(f"{name} must be {allowed[0]} or {allowed[1]}, got {v!r}")
+        raise ValueError(f"{name} must be {' or '.join(allowed)}, got {v!r}")
     return v
 
 
@@ -133,10 +133,7 @@ CODEC_DTYPES = ("auto", "float32", "float16", "bfloat16")
 def codec_dtype() -> str:
     """RTTS_CODEC_DTYPE (auto, float32, float16, bfloat16): the precision `rtts serve` decodes audio in (the default of
     --codec-dtype). auto: float16 on CUDA, float32 on CPU; reference encoding always runs in float32."""
-    value = os.environ.get("RTTS_CODEC_DTYPE") or "auto"
-    if value not in CODEC_DTYPES:
-        raise ValueError(f"RTTS_CODEC_DTYPE={value!r}: want one of {', '.join(CODEC_DTYPES)}")
-    return value
+    return _choice(os.environ, "RTTS_CODEC_DTYPE", CODEC_DTYPES) or "auto"
 
 
 def kernel_cache_dir() -> str | None:

@@ -74,7 +74,9 @@ def decode_codec(codec: Codec, dtype: str) -> Codec:
     if not cuda:
         raise ValueError(f"--codec-dtype {dtype} needs --device cuda (a CPU decodes audio in float32)")
     log.info("audio decode in %s (a copy of the codec; references encode in %s)", want, codec.dtype)
-    return copy.deepcopy(codec).to(want)
+    # The copy leaves out the encoding half (encoder, downsample, pre-module): the decode never runs it.
+    encoding = (codec.encoder, codec.quantizer.downsample, codec.quantizer.pre_module)
+    return copy.deepcopy(codec, {id(m): None for m in encoding}).to(want)
 
 
 class Runtime:

@@ -209,7 +209,6 @@ class Session:
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
         self.done = asyncio.Event()  # set once finish was sent
-        self.failed = False  # it finished with an error
         self.cancelled = False  # the client cancelled it (the cancel / clear extension)
         # Timestamps (docs/protocol.md): a chunk is one turn. Its audio events share its chunk_seq and carry its
         # offset on the session's audio timeline and a cumulative alignment relative to that offset, which each event
@@ -430,7 +429,6 @@ class Session:
         if self.done.is_set():
             return
         self._closed = True
-        self.failed = reason == "error"
         self.done.set()
         try:
             await self.on_finish(reason, message)

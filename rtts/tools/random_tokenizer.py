@@ -137,7 +137,6 @@ def write_s2_tokenizer(
     added += _QWEN_EXTRA_TOKENS
     added += [(name, True) for name in _S2_FISH_TOKENS]
     added += [(f"<|semantic:{i}|>", True) for i in range(num_semantic)]
-    ids_of = {name: num_base_tokens + i for i, (name, _) in enumerate(added)}
     num_tokens = num_base_tokens + len(added)
     if num_tokens > vocab_size:
         raise ValueError(f"{num_tokens} tokens do not fit in vocab_size {vocab_size}")
@@ -156,6 +155,7 @@ def write_s2_tokenizer(
     for is_special, run in itertools.groupby(added, key=lambda item: item[1]):
         tokens = [AddedToken(name, normalized=False, special=is_special) for name, _ in run]
         (tokenizer.add_special_tokens if is_special else tokenizer.add_tokens)(tokens)
+    ids_of = {name: _token_id(tokenizer, name) for name, _ in added}  # the ids tokenizer.json holds
 
     token_flags = {"lstrip": False, "normalized": False, "rstrip": False, "single_word": False}
     config = {
@@ -259,6 +259,12 @@ def _trained_bpe(split_regex: str, *, normalize: bool, vocab_size: int) -> Token
     )
     tokenizer.train_from_iterator([_TRAINING_TEXT], trainer)
     return tokenizer
+
+
+def _token_id(tokenizer: Tokenizer, name: str) -> int:
+    token_id = tokenizer.token_to_id(name)
+    assert token_id is not None, f"{name} was not added"
+    return token_id
 
 
 def _byte_to_unicode() -> dict[int, str]:
