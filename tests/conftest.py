@@ -42,6 +42,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=gpu)
 
 
+def system_tool(name: str) -> str:
+    """The path of a system program a test drives (haproxy, chromium, ffmpeg). Missing: the test skips, except where
+    RTTS_REQUIRE_SYSTEM_TOOLS=1 (.ci/run installs them and sets it), where it fails, so CI never passes by skipping."""
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get("RTTS_REQUIRE_SYSTEM_TOOLS") == "1":
+            pytest.fail(f"{name} is not installed (.ci/run installs it with apt-get)")
+        pytest.skip(f"{name} is not installed")
+    return path
+
+
 @pytest.fixture(scope="session")
 def golden() -> Path:
     """The golden fixture root. Missing fixtures fail the test (they are part of CI), never skip it silently."""
