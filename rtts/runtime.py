@@ -109,6 +109,10 @@ class Runtime:
         self._idle: OrderedDict[object, Callable[[], None]] = OrderedDict()  # idle_stream
         self.metrics = Metrics(self)
         self.ready = False
+        # A balancer reads these through /v1/health (health()): draining = SIGTERM received, finishing open sessions;
+        # failure = why the server can no longer synthesize (a worker thread died), which ends the process.
+        self.draining = False
+        self.failure: str | None = None
 
     @property
     def sample_rate(self) -> int:
@@ -136,6 +140,16 @@ class Runtime:
         if self.default_model:
             log.warning("serving the embedded default model: tiny random weights, it produces NOISE, not speech. "
                         "Pass --checkpoint DIR (fishaudio/s2-pro or openaudio-s1-mini) for real voices.")
+
+    def health(self) -> tuple[int, str]:
+        """(HTTP status, state) for /v1/health: 200 only while new sessions can be served."""
+        if self.failure is not None:
+            return 503, "failed"
+        if not self.ready:
+            return 503, "starting"
+        if self.draining:
+            return 503, "draining"
+        return 200, "ok"
 
     async def open_stream(self, references: Sequence[Reference] = ()) -> StreamHandle:
         """A stream for a session; when every slot is busy, take back the stream an idle socket kept longest (see

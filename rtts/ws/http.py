@@ -245,9 +245,13 @@ async def references_delete(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     rt: Runtime = request.app.state.rt
-    if not rt.ready:
-        return JSONResponse({"status": "starting"}, status_code=503)
-    return JSONResponse({"status": "ok", "model": rt.loaded.config.model_type,
+    code, state = rt.health()
+    if code != 200:
+        body: dict[str, object] = {"status": state}
+        if rt.failure is not None:
+            body["reason"] = rt.failure
+        return JSONResponse(body, status_code=code)
+    return JSONResponse({"status": state, "model": rt.loaded.config.model_type,
                          "default_model": rt.default_model, "free_slots": rt.scheduler.slots.free})
 
 
