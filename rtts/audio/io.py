@@ -1,4 +1,9 @@
-"""Reading reference audio (files or bytes) into mono float32 at the codec's sample rate, and writing WAV files."""
+"""Reading reference audio (files or bytes) into mono float32 at the codec's sample rate, and writing WAV files.
+
+libsndfile reads WAV, FLAC, Ogg (Vorbis, Opus), MP3, AIFF and CAF in-process. What it cannot read, the formats phones
+and browsers record (M4A/MP4 with AAC, WebM with Opus), goes through an ffmpeg binary (rtts/audio/ffmpeg.py). What
+neither reads is refused with an error naming the format its leading bytes show.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from rtts.audio import ffmpeg
 from rtts.audio.encode import float_to_s16
 
 
@@ -33,10 +39,28 @@ MAX_CHANNELS = 8  # reference audio is mixed to mono; more channels than this is
 
 
 def read_audio(source: str | Path | bytes, sample_rate: int, max_seconds: float | None = None) -> np.ndarray:
-    """Decode WAV/FLAC/OGG/MP3 (anything libsndfile reads) -> mono float32 in [-1, 1] at `sample_rate`."""
+    """Decode any audio libsndfile or ffmpeg reads -> mono float32 in [-1, 1] at `sample_rate`."""
     name = "audio bytes" if isinstance(source, bytes) else str(source)
     if isinstance(source, (str, Path)) and not Path(source).is_file():
         raise AudioError(f"{name}: file not found")
+    try:
+        audio, rate = _read_libsndfile(source, name, max_seconds)
+    except _NotForLibsndfile:
+        audio, rate = _read_ffmpeg(source, name, sample_rate, max_seconds), sample_rate
+    if audio.size == 0:
+        raise AudioError(f"{name}: audio is empty")
+    if max_seconds is not None and audio.size / rate > max_seconds:
+        raise AudioError(f"{name}: audio is {audio.size / rate:.1f} s long, the limit is {max_seconds:g} s")
+    if not np.isfinite(audio).all():
+        raise AudioError(f"{name}: audio contains NaN or infinite samples")
+    return resample(audio, int(rate), sample_rate)
+
+
+class _NotForLibsndfile(Exception):
+    """libsndfile cannot decode this input: ffmpeg may."""
+
+
+def _read_libsndfile(source: str | Path | bytes, name: str, max_seconds: float | None) -> tuple[np.ndarray, int]:
     try:
         f = io.BytesIO(source) if isinstance(source, bytes) else source
         if max_seconds is not None:
@@ -51,16 +75,32 @@ def read_audio(source: str | Path | bytes, sample_rate: int, max_seconds: float 
             if isinstance(f, io.BytesIO):
                 f.seek(0)
         data, rate = sf.read(f, dtype="float32", always_2d=False)
-    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
-        raise AudioError(f"{name}: cannot decode audio ({e})") from None
-    audio = to_mono(data)
-    if audio.size == 0:
-        raise AudioError(f"{name}: audio is empty")
-    if max_seconds is not None and audio.size / rate > max_seconds:
-        raise AudioError(f"{name}: audio is {audio.size / rate:.1f} s long, the limit is {max_seconds:g} s")
-    if not np.isfinite(audio).all():
-        raise AudioError(f"{name}: audio contains NaN or infinite samples")
-    return resample(audio, int(rate), sample_rate)
+    except AudioError:
+        raise
+    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError):
+        raise _NotForLibsndfile from None
+    return to_mono(data), int(rate)
+
+
+def _read_ffmpeg(source: str | Path | bytes, name: str, sample_rate: int, max_seconds: float | None) -> np.ndarray:
+    """What libsndfile refused, through ffmpeg with the container its leading bytes name (mixed to mono, resampled
+    and cut at one second past `max_seconds` by ffmpeg itself)."""
+    if isinstance(source, bytes):
+        head = source[:64]
+    else:
+        with open(source, "rb") as fh:
+            head = fh.read(64)
+    container = ffmpeg.sniff(head)
+    if container is None:
+        raise AudioError(f"{name}: cannot decode audio: {ffmpeg.describe_unknown(head)}")
+    try:
+        audio = ffmpeg.decode(source if isinstance(source, bytes) else Path(source), container, sample_rate,
+                              max_seconds)
+    except ffmpeg.FfmpegError as e:
+        raise AudioError(f"{name}: cannot decode {container.name} audio: {e}") from None
+    if max_seconds is not None and audio.size > max_seconds * sample_rate:  # (decoded up to a second past it)
+        raise AudioError(f"{name}: audio is longer than the limit of {max_seconds:g} s")
+    return audio
 
 
 def write_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> None:
