@@ -17,7 +17,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from rtts.runtime import Runtime
-from rtts.ws import http, models_api
+from rtts.ws import http, models_api, openai_api
 from rtts.ws.live import Connection
 from rtts.ws.protocol import error_json
 
@@ -80,6 +80,12 @@ def create_app(rt: Runtime) -> Starlette:
             return HTMLResponse("<h1>rtts</h1><p>The demo page is not installed.</p>")
         return FileResponse(d / "index.html")
 
+    async def favicon(request: object) -> Response:
+        d = web_dir()
+        if d is None or not (d / "favicon.ico").is_file():
+            return http.json_error(404, "GET /favicon.ico: Not Found")
+        return FileResponse(d / "favicon.ico", media_type="image/x-icon")
+
     async def info(request: object) -> Response:
         return JSONResponse({
             "model": rt.loaded.config.model_type, "default_model": rt.default_model,
@@ -115,10 +121,15 @@ def create_app(rt: Runtime) -> Starlette:
               methods=["GET", "POST"]),
         Route("/model/{model_id}", by_method(GET=models_api.get_model, PATCH=models_api.update_model,
                                              DELETE=models_api.delete_model), methods=["GET", "PATCH", "DELETE"]),
+        # OpenAI-compatible speech (docs/clients.md)
+        Route("/v1/audio/speech", openai_api.speech, methods=["POST"]),
+        Route("/v1/models", openai_api.list_models, methods=["GET"]),
+        Route("/v1/models/{model_id}", openai_api.get_model, methods=["GET"]),
         Route("/v1/health", http.health, methods=["GET", "POST"]),
         Route("/metrics", http.metrics, methods=["GET"]),
         Route("/v1/info", info, methods=["GET"]),
         Route("/", index, methods=["GET"]),
+        Route("/favicon.ico", favicon, methods=["GET"]),
     ]
     d = web_dir()
     if d is not None:

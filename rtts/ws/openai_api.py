@@ -1,0 +1,312 @@
+"""The OpenAI-compatible speech API: `POST /v1/audio/speech` and `GET /v1/models` (docs/clients.md).
+
+A speech request becomes an ordinary session (text segmented into turns, loudness normalized) whose 16-bit PCM at the
+model's rate goes through a SpeechEncoder (rtts/audio/transcode.py) into the requested format and tempo, streamed as
+a chunked body or, with `stream_format: "sse"`, as server-sent events. Errors use the OpenAI API's JSON shape,
+`{"error": {"message", "type", "param", "code"}}`, so the `openai` client raises its usual exceptions.
+
+What differs from the hosted API: `model` may be any string (the server serves the one model it loaded, which
+`GET /v1/models` names); `voice` is `default` (the model's own voice) or a stored voice id, and OpenAI's built-in voice
+names are unknown here unless a voice is stored under that id; `instructions` is accepted and ignored. Extensions:
+`sample_rate`, and the Fish request's generation fields (FISH_FIELDS), validated as on every other route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from rtts.audio import ffmpeg
+from rtts.audio.transcode import DEFAULT_RATE, FORMATS, RATES, SPEED_RANGE, SpeechEncoder
+from rtts.pingpong import NoSlotError
+from rtts.request import Limits, TTSRequest
+from rtts.runtime import Runtime
+from rtts.session import Session, SessionError, output_spec, resolve_references
+from rtts.voices import VoiceError
+from rtts.ws.http import BodyTooLarge, SynthesisFailed, authorized, read_body
+from rtts.ws.parse import ProtocolError, describe, parse_request
+
+log = logging.getLogger("rtts.openai")
+
+DEFAULT_VOICE = "default"
+STREAM_FORMATS = ("audio", "sse")
+# Fields of the Fish request a speech request may add (rtts extensions; the `openai` client sends them in extra_body).
+FISH_FIELDS = ("latency", "temperature", "top_p", "top_k", "seed", "max_new_tokens", "repetition_penalty",
+               "chunk_length", "min_chunk_length", "normalize", "condition_on_previous_chunks", "early_stop_threshold")
+
+
+class SpeechRequestError(ValueError):
+    """A refused speech request: the message names the field (`param`)."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.message, self.param, self.status = message, param, status
+
+
+def openai_error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                        status_code=status)
+
+
+def _unauthorized() -> JSONResponse:
+    return openai_error(401, "invalid or missing API key (Authorization: Bearer <key>)", code="invalid_api_key")
+
+
+# ----------------------------------------------------------------------------------------------------------- request
+
+
+@dataclass(frozen=True)
+class SpeechRequest:
+    input: str
+    voice: str | None  # a stored voice id; None: the model's own voice
+    response_format: str = "mp3"
+    speed: float = 1.0
+    stream_format: str = "audio"
+    sample_rate: int = DEFAULT_RATE["mp3"]  # extension: the format's default unless asked (RATES)
+    # The session's request: the text and voice, 16-bit PCM at the model's rate, the FISH_FIELDS it was given.
+    tts: TTSRequest = TTSRequest()
+
+
+def _string(obj: dict[str, Any], key: str, default: str | None) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise SpeechRequestError(f"{key} must be a string, got {describe(value)}", key)
+    return value
+
+
+def _choice(obj: dict[str, Any], key: str, choices: tuple[str, ...]) -> str:
+    value = (_string(obj, key, choices[0]) or "").strip().lower()
+    if value not in choices:
+        raise SpeechRequestError(f"{key} must be one of {', '.join(choices)}, got {obj.get(key)!r}", key)
+    return value
+
+
+def _voice(value: Any) -> str | None:
+    """`"id"` or `{"id": "..."}` (the API's custom voice object); `default` or nothing: the model's own voice."""
+    if isinstance(value, dict):
+        value = value.get("id")
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise SpeechRequestError(f"voice must be a voice id string or {{\"id\": ...}}, got {describe(value)}", "voice")
+    value = value.strip()
+    return None if value in ("", DEFAULT_VOICE) else value
+
+
+def _number(obj: dict[str, Any], key: str, default: float) -> float:
+    value = obj.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SpeechRequestError(f"{key} must be a number, got {describe(value)}", key)
+    return float(value)
+
+
+def parse_speech(obj: Any, limits: Limits) -> SpeechRequest:
+    """Validate a decoded speech request body (the voice's existence is checked later, against the store)."""
+    if not isinstance(obj, dict):
+        raise SpeechRequestError(f"the body must be a JSON object, got {describe(obj)}")
+    _string(obj, "model", "")  # any model name: one model is served
+    _string(obj, "instructions", "")  # accepted, ignored (docs/clients.md)
+    text = _string(obj, "input", None)
+    if text is None or not text.strip():
+        raise SpeechRequestError("input is required and must not be empty", "input")
+    if len(text) > limits.max_session_text_chars:
+        raise SpeechRequestError(f"input is {len(text)} characters, the limit is {limits.max_session_text_chars}",
+                                 "input", status=413)
+    fmt = _choice(obj, "response_format", FORMATS)
+    if fmt == "aac" and ffmpeg.ffmpeg_binary() is None:
+        raise SpeechRequestError(f"response_format aac is not available on this server: {ffmpeg.MISSING}",
+                                 "response_format")
+    speed = _number(obj, "speed", 1.0)
+    if not SPEED_RANGE[0] <= speed <= SPEED_RANGE[1]:
+        raise SpeechRequestError(f"speed must be in [{SPEED_RANGE[0]:g}, {SPEED_RANGE[1]:g}], got {speed:g}", "speed")
+    rate = _number(obj, "sample_rate", DEFAULT_RATE[fmt])
+    if rate not in RATES[fmt]:
+        allowed = ", ".join(str(r) for r in RATES[fmt])
+        raise SpeechRequestError(f"sample_rate for {fmt} must be one of {allowed}, got {rate:g}", "sample_rate")
+    voice = _voice(obj.get("voice"))
+    fish = {key: obj[key] for key in FISH_FIELDS if key in obj}
+    try:
+        tts = parse_request({**fish, "text": text, "format": "pcm", "reference_id": voice}, limits, http=True, path="")
+    except ProtocolError as e:
+        raise SpeechRequestError(e.message, next((k for k in FISH_FIELDS if e.message.startswith(k)), None),
+                                 e.status) from None
+    return SpeechRequest(input=text, voice=voice, response_format=fmt, speed=speed,
+                         stream_format=_choice(obj, "stream_format", STREAM_FORMATS), sample_rate=int(rate), tts=tts)
+
+
+# ------------------------------------------------------------------------------------------------------------ routes
+
+
+def served_model(rt: Runtime) -> dict[str, Any]:
+    """The one model this server serves, as the API's model object (named after its checkpoint directory)."""
+    ckpt = rt.loaded.checkpoint_dir
+    try:
+        created = int(ckpt.stat().st_mtime)
+    except OSError:
+        created = 0
+    return {"id": ckpt.name or rt.loaded.config.format, "object": "model", "created": created, "owned_by": "rtts"}
+
+
+async def list_models(request: Request) -> Response:
+    rt: Runtime = request.app.state.rt
+    if not authorized(rt, request.headers):
+        return _unauthorized()
+    return JSONResponse({"object": "list", "data": [served_model(rt)]})
+
+
+async def get_model(request: Request) -> Response:
+    rt: Runtime = request.app.state.rt
+    if not authorized(rt, request.headers):
+        return _unauthorized()
+    model = served_model(rt)
+    if request.path_params["model_id"] != model["id"]:
+        return openai_error(404, f"the model {request.path_params['model_id']!r} does not exist; this server serves "
+                                 f"{model['id']!r}", param="model", code="model_not_found")
+    return JSONResponse(model)
+
+
+async def speech(request: Request) -> Response:
+    rt: Runtime = request.app.state.rt
+    if not authorized(rt, request.headers):
+        return _unauthorized()
+    if rt.draining:  # before reading the body: a balancer may retry the request on another worker
+        return openai_error(503, "server is draining (shutting down) and takes no new requests; retry")
+    limit = rt.config.limits.max_message_bytes
+    try:
+        body = await read_body(request, limit)
+        try:
+            obj = json.loads(body) if body.strip() else None
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise SpeechRequestError(f"the body must be JSON ({e})") from None
+        sreq = parse_speech(obj, rt.config.limits)
+        if sreq.voice is not None:
+            try:
+                rt.voices.get(sreq.voice)
+            except VoiceError:
+                raise SpeechRequestError(
+                    f"voice {sreq.voice!r} is not a stored voice on this server: use {DEFAULT_VOICE!r} for the model's "
+                    "own voice, or the id of a stored voice (GET /v1/references/list)", "voice") from None
+        # The session speaks 16-bit PCM at the model's rate; the SpeechEncoder makes the requested format from it.
+        req = sreq.tts
+        spec = output_spec(req)
+        refs = await resolve_references(req, rt.voices)
+    except BodyTooLarge:
+        return openai_error(413, f"request body over {limit} bytes")
+    except SpeechRequestError as e:
+        return openai_error(e.status, e.message, param=e.param)
+    except (SessionError, VoiceError, ValueError) as e:
+        return openai_error(400, str(e))
+    return await _synthesize(rt, sreq, req, spec.rate, refs)
+
+
+async def _synthesize(rt: Runtime, sreq: SpeechRequest, req: TTSRequest, pcm_rate: int, refs: list[Any]) -> Response:
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+    failure: list[str] = []
+    encoder = SpeechEncoder(sreq.response_format, sreq.sample_rate, sreq.speed, pcm_rate, queue.put)
+    try:
+        await encoder.start()
+    except ffmpeg.FfmpegError as e:
+        return openai_error(500, f"the {sreq.response_format} encoder did not start: {e}")
+    try:
+        handle = await rt.open_stream(refs)
+    except NoSlotError:
+        encoder.abort()
+        return openai_error(503, f"too many concurrent requests (limit {rt.config.max_running}); retry later")
+
+    async def on_audio(audio: bytes, extra: dict[str, object]) -> None:
+        pcm = np.frombuffer(audio, dtype="<i2").astype(np.float32) / np.float32(32767.0)  # float_to_s16's scale
+        try:
+            await encoder.push(pcm)
+        except ffmpeg.FfmpegError as e:
+            raise SessionError(str(e)) from None
+
+    async def on_finish(reason: str, message: str | None) -> None:
+        # The session ignores what this raises, so every way out must end the body.
+        try:
+            if reason == "error":
+                failure.append(message or "synthesis failed")
+                rt.metrics.errors.inc()
+            else:
+                await encoder.finish()
+        except ffmpeg.FfmpegError as e:
+            failure.append(str(e))
+        finally:
+            await queue.put(None)
+
+    session = Session(req, handle, on_audio, on_finish, rt.model_format, rt.sample_rate,
+                      metrics=rt.metrics.session(), pad_last_message=False)
+    session.start()
+    session.flush()
+    stopper = asyncio.create_task(session.stop())
+
+    def release(_: object = None) -> None:
+        handle.close()
+        encoder.abort()
+
+    # The slot and the encoder go when the session ends, even if the body never starts (the client left first).
+    stopper.add_done_callback(release)
+    # The status line waits for the first audio, so a request that fails before any still gets a JSON error.
+    first = await queue.get()
+    if first is None and failure:
+        release()
+        return openai_error(500, f"synthesis failed: {failure[0]}")
+
+    async def pieces() -> AsyncIterator[bytes]:
+        try:
+            chunk = first
+            while chunk is not None:
+                yield chunk
+                chunk = await queue.get()
+        finally:
+            handle.cancel()
+            release()
+            stopper.cancel()
+
+    if sreq.stream_format == "sse":
+        input_tokens = len(rt.loaded.tokenizer.encode(sreq.input))
+        return StreamingResponse(_sse(pieces(), failure, lambda: (input_tokens, session.frames)),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return StreamingResponse(_raw(pieces(), failure), media_type=encoder.content_type)
+
+
+async def _raw(pieces: AsyncIterator[bytes], failure: list[str]) -> AsyncIterator[bytes]:
+    async for chunk in pieces:
+        yield chunk
+    if failure:
+        # Once the 200 and some audio are out, the only way to say "failed" is to break the chunked body.
+        log.warning("POST /v1/audio/speech failed mid-stream: %s", failure[0])
+        raise SynthesisFailed(failure[0])
+
+
+def _event(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _sse(pieces: AsyncIterator[bytes], failure: list[str], usage: Any) -> AsyncIterator[bytes]:
+    """`speech.audio.delta` events (base64 audio in the response format), then `speech.audio.done` with usage: input
+    tokens are the text's tokens, output tokens the audio frames generated (one per codec frame)."""
+    async for chunk in pieces:
+        yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(chunk).decode("ascii")})
+    if failure:
+        log.warning("POST /v1/audio/speech (sse) failed mid-stream: %s", failure[0])
+        yield _event({"type": "error", "error": {"message": f"synthesis failed: {failure[0]}", "type": "server_error",
+                                                 "param": None, "code": None}})
+        return
+    n_in, n_out = usage()
+    yield _event({"type": "speech.audio.done",
+                  "usage": {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}})
