@@ -1,0 +1,167 @@
+"""`python -m rtts.train STAGE [options]`: the demo-voice recipe, one command per stage (docs/demo_voice.md).
+
+Stages read and write under --workdir (default train/work/<preset>):
+  sentences     rebuild train/sentences.txt.gz + train/heldout.txt from the installed packages
+  flite-bundle  copy flite_cmu_us_rms and its libraries into a folder that travels to the GPU machine
+  data          speak the training sentences with flite          -> WORKDIR/data/
+  codec         train the codec (resumes)                        -> WORKDIR/codec/{codec.pth,codec_config.json}
+  tokens        encode every utterance with the trained codec    -> WORKDIR/tokens/
+  dualar        train the DualAR (resumes)                       -> WORKDIR/dualar/
+  export        write the S2 checkpoint                          -> --out
+  evaluate      Whisper WER/CER of the source voice or of a checkpoint served through the live WebSocket
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+TRAIN_DIR = Path(__file__).resolve().parents[2] / "train"
+
+
+def _workdir(args: argparse.Namespace) -> Path:
+    return Path(args.workdir) if args.workdir else TRAIN_DIR / "work" / args.preset
+
+
+def _threads(args: argparse.Namespace) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+
+def cmd_sentences(args: argparse.Namespace) -> None:
+    from rtts.train import sentences
+
+    sentences.build(Path(args.out) if args.out else TRAIN_DIR)
+
+
+def cmd_flite_bundle(args: argparse.Namespace) -> None:
+    from rtts.train import flite
+
+    out = flite.bundle(Path(args.out))
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"flite bundle: {out} ({size / 1e6:.1f} MB)")
+
+
+def cmd_data(args: argparse.Namespace) -> None:
+    from rtts.train import dataset, flite, sentences
+    from rtts.train.presets import PRESETS
+
+    preset = PRESETS[args.preset]
+    texts = sentences.read_lines(Path(args.sentences) if args.sentences else TRAIN_DIR / "sentences.txt.gz")
+    count = args.count if args.count is not None else preset.sentences
+    if count:
+        texts = texts[:count]
+    voice = flite.find(Path(args.bundle) if args.bundle else None)
+    t0 = time.perf_counter()
+    store = dataset.write(_workdir(args) / "data", flite.synthesize(voice, texts, args.processes),
+                          flite.SAMPLE_RATE, flite.VOICE_BINARY, log_every=2000)
+    took = time.perf_counter() - t0
+    print(f"data: {len(store.utts)} utterances, {store.seconds / 3600:.2f} h in {took:.0f} s "
+          f"({store.seconds / max(took, 1e-9):.0f}x real time)")
+
+
+def cmd_codec(args: argparse.Namespace) -> None:
+    from rtts.train import codec_train
+    from rtts.train.dataset import Store
+    from rtts.train.loop import pick_device
+    from rtts.train.presets import PRESETS
+
+    _threads(args)
+    preset = PRESETS[args.preset]
+    work = _workdir(args)
+    cfg = preset.codec_training if args.steps is None else _replace(preset.codec_training, steps=args.steps)
+    out = codec_train.train(Store.load(work / "data"), work, preset.codec, cfg, pick_device(args.device),
+                            minutes=args.minutes)
+    if out is None:
+        sys.exit(3)  # not finished: the budget ran out (the state is saved)
+    print(f"codec: wrote {out}")
+
+
+def cmd_tokens(args: argparse.Namespace) -> None:
+    from rtts.train import tokens
+    from rtts.train.dataset import Store
+    from rtts.train.loop import pick_device
+
+    _threads(args)
+    work = _workdir(args)
+    t0 = time.perf_counter()
+    toks = tokens.encode_store(Store.load(work / "data"), work / "codec", work / "tokens", pick_device(args.device))
+    print(f"tokens: {len(toks.texts)} utterances, {toks.codes.shape[1]} frames in {time.perf_counter() - t0:.0f} s")
+
+
+def cmd_dualar(args: argparse.Namespace) -> None:
+    from rtts.train import dualar_train
+    from rtts.train.loop import pick_device
+    from rtts.train.presets import PRESETS
+
+    _threads(args)
+    preset = PRESETS[args.preset]
+    cfg = preset.dualar_training if args.steps is None else _replace(preset.dualar_training, steps=args.steps)
+    init = Path(args.init_weights) if args.init_weights else None
+    out = dualar_train.train(preset, _workdir(args), cfg, pick_device(args.device), minutes=args.minutes,
+                             init_weights=init)
+    if out is None:
+        sys.exit(3)
+    print(f"dualar: finished; weights in {_workdir(args) / dualar_train.WEIGHTS}.json")
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    from rtts.train import export
+
+    out = export.export(_workdir(args), Path(args.out))
+    size = sum(f.stat().st_size for f in out.iterdir())
+    print(f"export: {out} ({size / 1e6:.1f} MB): " + ", ".join(sorted(f.name for f in out.iterdir())))
+
+
+def _replace(obj, **changes):  # type: ignore[no-untyped-def]
+    from dataclasses import replace
+
+    return replace(obj, **changes)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from rtts.train.presets import PRESETS
+
+    p = argparse.ArgumentParser(prog="python -m rtts.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="stage", required=True)
+
+    def stage(name: str, fn, help_: str) -> argparse.ArgumentParser:  # type: ignore[no-untyped-def]
+        sp = sub.add_parser(name, help=help_)
+        sp.set_defaults(fn=fn)
+        sp.add_argument("--preset", choices=sorted(PRESETS), default="h200")
+        sp.add_argument("--workdir", default=None, help="default: train/work/<preset>")
+        sp.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+        return sp
+
+    sp = stage("sentences", cmd_sentences, "rebuild the sentence lists from the installed packages")
+    sp.add_argument("--out", default=None, help="folder for sentences.txt.gz + heldout.txt (default: train/)")
+    sp = stage("flite-bundle", cmd_flite_bundle, "gather flite_cmu_us_rms and its libraries into a folder")
+    sp.add_argument("--out", default=str(TRAIN_DIR / "bundle" / "flite"))
+    sp = stage("data", cmd_data, "speak the training sentences with flite")
+    sp.add_argument("--sentences", default=None, help="default: train/sentences.txt.gz")
+    sp.add_argument("--count", type=int, default=None, help="how many sentences (default: the preset's)")
+    sp.add_argument("--bundle", default=None, help="a folder made by flite-bundle (default: the system's flite)")
+    sp.add_argument("--processes", type=int, default=1)
+    sp = stage("tokens", cmd_tokens, "encode every utterance with the trained codec")
+    sp.add_argument("--device", default=None)
+    for name, fn, help_ in (("codec", cmd_codec, "train the codec"), ("dualar", cmd_dualar, "train the DualAR")):
+        sp = stage(name, fn, help_)
+        sp.add_argument("--device", default=None)
+        sp.add_argument("--steps", type=int, default=None, help="override the preset's step count")
+        sp.add_argument("--minutes", type=float, default=0.0, help="stop (saving state) after this long; 0: no limit")
+        if name == "dualar":
+            sp.add_argument("--init-weights", default=None,
+                            help="start from these weights (WORKDIR/dualar_weights of an earlier run), new optimizer")
+    sp = stage("export", cmd_export, "write the S2 checkpoint")
+    sp.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Codec stage: train the server's `Codec` class (sizes from the preset's codec_config.json) on random crops.
+
+Forward = the serving encode path up to the quantizer (encoder, downsample, pre_module), the training quantizer of
+`vq.py`, then the serving decode path (post_module, upsample, decoder). Losses: multi-resolution mel L1 and STFT
+(codec_losses.py) plus codebook/commitment. All audio sits on the device; crops are cut there. Checkpoints every
+`save_every` steps and when the wall-clock budget runs out; a rerun resumes from the last one. The finished codec is
+written as codec.pth + codec_config.json (what the tokens and export stages read, through the server's loader).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rtts.model.codec import Codec
+from rtts.train import codec_io, state
+from rtts.train.codec_losses import mel_loss, snr_db, stft_loss
+from rtts.train.dataset import Store
+from rtts.train.loop import Deadline, Log, autocast, cosine_lr, set_lr
+from rtts.train.presets import CodecTraining
+from rtts.train.vq import CodeUsage, quantize
+
+STATE = "codec_state"
+
+
+class Crops:
+    """Random fixed-length crops of the store's utterances, cut on the device (zero-padded past an utterance's end)."""
+
+    def __init__(self, store: Store, device: torch.device, seed: int) -> None:
+        self.audio = torch.from_numpy(np.array(store.audio)).to(device)  # int16 on the device
+        self.offsets = torch.tensor([u.offset for u in store.utts], device=device)
+        self.lengths = torch.tensor([u.length for u in store.utts], device=device)
+        self.weights = self.lengths.float() / self.lengths.sum()
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+
+    def batch(self, n: int, length: int) -> torch.Tensor:
+        """-> [n, length] float32 in [-1, 1]."""
+        dev = self.audio.device
+        idx = torch.multinomial(self.weights, n, replacement=True, generator=self.gen)
+        room = (self.lengths[idx] - length).clamp(min=0)
+        start = (torch.rand(n, device=dev, generator=self.gen) * (room + 1).float()).long().clamp(max=room)
+        pos = start[:, None] + torch.arange(length, device=dev)[None]
+        inside = pos < self.lengths[idx, None]
+        samples = self.audio[(self.offsets[idx, None] + pos).clamp(max=self.audio.numel() - 1)]
+        return torch.where(inside, samples.float() / 32768.0, torch.zeros((), device=dev))
+
+
+def forward(codec: Codec, x: torch.Tensor, dropout: float) -> tuple[torch.Tensor, Any]:
+    """x [B, N] (N a multiple of frame_length) -> (reconstruction [B, N], VQResult)."""
+    q = codec.quantizer
+    z = q.pre_module(q.downsample(codec.encoder(x[:, None])))
+    vq = quantize(q, z.float(), dropout)
+    y = codec.decoder(q.upsample(q.post_module(vq.z_q)))[:, 0]
+    return y, vq
+
+
+def train(store: Store, workdir: Path, codec_json: dict[str, Any], cfg: CodecTraining, device: torch.device,
+          minutes: float = 0.0, seed: int = 0) -> Path | None:
+    """Train (or resume) until cfg.steps; -> the codec folder when finished, None when the budget ran out first."""
+    torch.manual_seed(seed)
+    config = codec_io.config_from_json(codec_json, workdir)
+    codec = codec_io.new_codec(config, seed).to(device)
+    opt = torch.optim.AdamW(codec.parameters(), lr=cfg.lr, betas=(0.8, 0.99), weight_decay=0.0)
+    step = 0
+    if state.exists(workdir, STATE):
+        saved = state.load(workdir, STATE, device)
+        codec.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        step = int(saved["step"])
+        print(f"codec: resumed at step {step}", flush=True)
+    crops = Crops(store, device, seed + step)
+    usage = CodeUsage(codec.quantizer)
+    log, deadline = Log(workdir, "codec"), Deadline(minutes)
+    length = cfg.segment_frames * config.frame_length
+    n_params = sum(p.numel() for p in codec.parameters())
+    print(f"codec: {n_params / 1e6:.2f} M parameters, {store.seconds / 3600:.2f} h of audio, step {step}/{cfg.steps}",
+          flush=True)
+
+    def save() -> None:
+        state.save(workdir, STATE, {"model": codec.state_dict(), "optimizer": opt.state_dict(), "step": step})
+
+    while step < cfg.steps:
+        set_lr(opt, cosine_lr(step, cfg.steps, cfg.warmup, cfg.lr))
+        x = crops.batch(cfg.batch, length)
+        with autocast(device):
+            y, vq = forward(codec, x, cfg.quantizer_dropout)
+        mel = mel_loss(y.float(), x, config.sample_rate)
+        stft = stft_loss(y.float(), x)
+        loss = (cfg.mel_weight * mel + cfg.stft_weight * stft + cfg.codebook_weight * vq.codebook_loss
+                + cfg.commitment_weight * vq.commitment_loss)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad = torch.nn.utils.clip_grad_norm_(codec.parameters(), 1.0)
+        opt.step()
+        usage.update(vq.codes)
+        step += 1
+        restarted = usage.restart(vq.encodings) if step % cfg.restart_every == 0 else None
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            log(step, loss=float(loss.detach()), mel=float(mel.detach()), stft=float(stft.detach()),
+                vq=float(vq.codebook_loss.detach()),
+                snr=snr_db(y.detach(), x), grad=float(grad), restarted=restarted if restarted is not None else -1,
+                seconds=round(deadline.elapsed, 1))
+        if step % cfg.save_every == 0 or step == cfg.steps:
+            save()
+        if deadline.passed and step < cfg.steps:
+            save()
+            print(f"codec: time budget reached at step {step}; rerun to resume", flush=True)
+            return None
+    codec.eval().requires_grad_(False)
+    return codec_io.write_codec(codec.cpu(), workdir / "codec", codec_json).parent

@@ -1,0 +1,159 @@
+"""DualAR stage: train the server's `DualARTransformer` on the codec's tokens (resumable; checkpoints every N steps).
+
+Losses:
+- main: cross-entropy over what the server samples the main token from (the semantic ids + `<|im_end|>`), at every
+  position that predicts a frame or the stop; the stop target is weighted `eos_weight` (one per turn, it would
+  otherwise be drowned by the frames, and a model that never stops is the worst failure);
+- fast: cross-entropy of every codebook of every frame (position 0 predicts c0 as in the reference's training; the
+  server reads c0 from the main head and positions 1.. for the rest);
+- guided attention (DC-TTS): the first head of each `guided_layers` layer is pulled onto the diagonal of the current
+  turn's text: a query at fraction n of its turn's frames pays 1 - exp(-(n - t)^2 / 2 sigma^2) for attention at
+  fraction t of the text and 1 for attention anywhere else. Its weight decays to 10% by `guided_until`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from rtts.model.config import DualARConfig
+from rtts.model.dual_ar import DualARTransformer
+from rtts.model.prompt import PromptBuilder
+from rtts.model.tokenizer import load_tokenizer
+from rtts.train import dualar_forward as fwd
+from rtts.train import state
+from rtts.train.loop import Deadline, Log, autocast, cosine_lr, set_lr
+from rtts.train.presets import DualARTraining, Preset
+from rtts.train.sequences import Batch, SequenceMaker, batches, collate
+from rtts.train.text import config_json, write_tokenizer
+from rtts.train.tokens import Tokens
+
+STATE = "dualar_state"
+WEIGHTS = "dualar_weights"
+
+
+def guided_loss(probs: list[torch.Tensor], spans: torch.Tensor, sigma: float) -> torch.Tensor:
+    """probs: per layer [B, 1, S, S]; spans [B, turns, 4] -> mean penalty per guided query."""
+    B, _, S, _ = probs[0].shape
+    dev = probs[0].device
+    q = torch.arange(S, device=dev)[None, :, None].float()
+    k = torch.arange(S, device=dev)[None, None, :].float()
+    weight = torch.zeros(B, S, S, device=dev)
+    queries = torch.zeros(B, S, device=dev)
+    for j in range(spans.shape[1]):
+        ts, te, qs, qe = (spans[:, j, i].float()[:, None, None] for i in range(4))
+        present = (spans[:, j, 0] >= 0)[:, None, None]
+        in_q = (q >= qs) & (q < qe) & present
+        in_k = (k >= ts) & (k < te)
+        diag = (q - qs) / (qe - qs).clamp(min=1) - (k - ts) / (te - ts).clamp(min=1)
+        w = torch.where(in_k, 1 - torch.exp(-diag.pow(2) / (2 * sigma**2)), torch.ones((), device=dev))
+        weight = torch.where(in_q, w, weight)
+        queries = queries + in_q[..., 0].float()
+    total = sum((p[:, 0] * weight).sum() for p in probs)
+    return total / (queries.sum() * len(probs)).clamp(min=1)
+
+
+def losses(model: DualARTransformer, batch: Batch, main_ids: torch.Tensor, cfg: DualARTraining,
+           guided: bool) -> dict[str, torch.Tensor]:
+    out = fwd.slow(model, batch.columns, cfg.guided_layers if guided else ())
+    logits = fwd.main_logits(model, out.normed, main_ids).float()
+    target = batch.main_target
+    mask = target >= 0
+    ce = F.cross_entropy(logits[mask], target[mask], reduction="none")
+    is_eos = target[mask] == main_ids.numel() - 1
+    w = torch.where(is_eos, torch.full_like(ce, cfg.eos_weight), torch.ones_like(ce))
+    result = {"main": (ce * w).sum() / w.sum()}
+    # The frame at position p+1 is predicted from position p; its codes are column p+1's rows 1..K.
+    fm = batch.frame_mask
+    codes = batch.columns[:, 1:, 1:].transpose(1, 2)  # [B, S-1, K]: codes of column p+1 at index p
+    sel_codes = codes[fm[:, :-1]]
+    fast_logits = fwd.fast(model, out.fast_in[:, :-1][fm[:, :-1]], sel_codes).float()
+    result["fast"] = F.cross_entropy(fast_logits.flatten(0, 1), sel_codes.flatten())
+    if guided and out.guided_probs:
+        result["guided"] = guided_loss(out.guided_probs, batch.spans, cfg.guided_sigma)
+    with torch.no_grad():
+        result["eos_acc"] = (logits[mask][is_eos].argmax(-1) == target[mask][is_eos]).float().mean()
+        result["c0_acc"] = (logits[mask][~is_eos].argmax(-1) == target[mask][~is_eos]).float().mean()
+    return result
+
+
+def build(preset: Preset, workdir: Path, device: torch.device) -> tuple[DualARTransformer, dict[str, Any], Path]:
+    """Tokenizer + config (written to workdir/dualar/checkpoint) and a freshly initialized model."""
+    ckpt = workdir / "dualar" / "checkpoint"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    ids = write_tokenizer(ckpt, preset.codebook_size)
+    cfg_json = config_json(ids, preset.dualar, preset.codebook_size, preset.num_codebooks)
+    (ckpt / "config.json").write_text(json.dumps(cfg_json, indent=2) + "\n")
+    config = DualARConfig.from_dict(cfg_json)
+    tok = load_tokenizer(ckpt, config.model_type)
+    model = DualARTransformer(config, tok.semantic_begin_id, tok.semantic_end_id)
+    fwd.init_weights(model)
+    return model.to(device), cfg_json, ckpt
+
+
+def train(preset: Preset, workdir: Path, cfg: DualARTraining, device: torch.device, minutes: float = 0.0,
+          seed: int = 0, init_weights: Path | None = None) -> Path | None:
+    """Train (or resume) until cfg.steps; -> the folder holding config, tokenizer and final weights, or None when the
+    time budget ran out first (state saved). `init_weights`: start from weights only (a fresh optimizer)."""
+    torch.manual_seed(seed)
+    model, _, ckpt = build(preset, workdir, device)
+    tok = load_tokenizer(ckpt, "fish_qwen3_omni")
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    step = 0
+    if state.exists(workdir, STATE):
+        saved = state.load(workdir, STATE, device)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        step = int(saved["step"])
+        print(f"dualar: resumed at step {step}", flush=True)
+    elif init_weights is not None:
+        saved = state.load(init_weights.parent, init_weights.name, device)
+        model.load_state_dict(saved["model"])
+        print(f"dualar: starting from the weights in {init_weights}", flush=True)
+    tokens = Tokens.load(workdir / "tokens")
+    if tokens.codes.shape[0] != model.config.num_codebooks:
+        raise ValueError(f"tokens have {tokens.codes.shape[0]} codebooks, the model {model.config.num_codebooks}")
+    builder = PromptBuilder(tok, model.config.num_codebooks, "s2", model.config.codebook_size)
+    maker = SequenceMaker(builder, tokens)
+    main_ids = torch.cat([torch.arange(tok.semantic_begin_id, tok.semantic_end_id + 1), torch.tensor([tok.im_end_id])])
+    main_ids = main_ids.to(device)
+    stream = batches(maker, cfg.batch_positions, cfg.max_frames, cfg.multi_turn, seed + step)
+    log, deadline = Log(workdir, "dualar"), Deadline(minutes)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"dualar: {n_params / 1e6:.2f} M parameters, {len(tokens.texts)} utterances, step {step}/{cfg.steps}",
+          flush=True)
+
+    def save() -> None:
+        state.save(workdir, STATE, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step})
+
+    guided_end = int(cfg.guided_until * cfg.steps)
+    model.train()
+    while step < cfg.steps:
+        set_lr(opt, cosine_lr(step, cfg.steps, cfg.warmup, cfg.lr))
+        batch = collate(next(stream), tok.semantic_begin_id, tok.num_semantic, tok.im_end_id).to(device)
+        g = cfg.guided_weight * max(0.1, 1.0 - step / max(1, guided_end))
+        with autocast(device):
+            parts = losses(model, batch, main_ids, cfg, guided=cfg.guided_weight > 0)
+        loss = parts["main"] + parts["fast"] + g * parts.get("guided", torch.zeros((), device=device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            log(step, loss=float(loss.detach()), **{k: float(v.detach()) for k, v in parts.items()},
+                grad=float(grad), batch=int(batch.columns.shape[0]), positions=int(batch.columns.shape[-1]),
+                seconds=round(deadline.elapsed, 1))
+        if step % cfg.save_every == 0 or step == cfg.steps:
+            save()
+        if deadline.passed and step < cfg.steps:
+            save()
+            state.save(workdir, WEIGHTS, {"model": model.state_dict()})
+            print(f"dualar: time budget reached at step {step}; rerun to resume", flush=True)
+            return None
+    state.save(workdir, WEIGHTS, {"model": model.state_dict()})
+    return ckpt

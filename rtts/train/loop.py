@@ -1,0 +1,83 @@
+"""What every training stage shares: device and precision, the learning-rate schedule, the wall-clock budget, logs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def pick_device(name: str | None = None) -> torch.device:
+    if name:
+        return torch.device(name)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast on CUDA; float32 elsewhere (CPU bf16 is slow and not what the GPU run does)."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def cosine_lr(step: int, total: int, warmup: int, base: float, floor: float = 0.05) -> float:
+    """Linear warm-up, then cosine decay to floor * base at `total`."""
+    if step < warmup:
+        return base * (step + 1) / warmup
+    t = min(1.0, (step - warmup) / max(1, total - warmup))
+    return base * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
+@dataclass
+class Deadline:
+    """Stop a stage before the GPU machine's per-command limit: `minutes` <= 0 means no limit."""
+
+    minutes: float
+    start: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.start = time.monotonic()
+
+    @property
+    def passed(self) -> bool:
+        return self.minutes > 0 and time.monotonic() - self.start > self.minutes * 60
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+
+class Log:
+    """Lines to stderr and JSON records to <workdir>/<stage>.log.jsonl (kept small: one record per log step)."""
+
+    def __init__(self, workdir: Path, stage: str) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.path = workdir / f"{stage}.log.jsonl"
+        self.stage = stage
+
+    def __call__(self, step: int, **values: Any) -> None:
+        text = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+        print(f"{self.stage} step {step}: {text}", file=sys.stderr, flush=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": step, **values}) + "\n")
+
+
+def batches_forever(n: int, batch: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """Shuffled index batches over range(n), epoch after epoch."""
+    while True:
+        order = torch.randperm(n, generator=generator)
+        for start in range(0, n - batch + 1 if n >= batch else 1, batch):
+            yield order[start:start + batch]
