@@ -1,7 +1,8 @@
 """`rtts` command line: serve | synth | codec | make-random-checkpoint.
 
 Every user error (missing file, unreadable audio, empty text, a wrong checkpoint) ends in one line on stderr,
-`rtts: error: ...`, and exit status 2; a traceback means a bug.
+`rtts: error: ...`, and exit status 2; a traceback means a bug. `rtts serve` exits with status 3 when a worker thread
+of the server died (its log says why; /v1/health answered 503 meanwhile): a supervisor should restart it.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import os
+import sys
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -29,7 +32,14 @@ from rtts.voices import VoiceStore, reference_encoder
 log = logging.getLogger("rtts.server")
 
 
+# `rtts serve` exits with this status when a worker thread died (ServerConfig.exit_on_failure), after giving the
+# clients FAILURE_GRACE seconds to receive the errors their sessions ended with.
+EXIT_WORKER_FAILED = 3
+FAILURE_GRACE = 2.0
 SLOT_WAIT = 2.0  # seconds a new session waits for a slot at capacity (Runtime.open_stream)
+# The refusal of a new session (socket, start, HTTP request) while the server drains (rtts.ws.server).
+DRAINING_MESSAGE = ("server is draining (shutting down) and takes no new sessions; retry: a load balancer routes "
+                    "it to another worker")
 RECLAIM_ANYWAY = 0.5  # seconds without a slot after which open_stream takes back an idle stream despite pending frees
 
 
@@ -58,6 +68,11 @@ class ServerConfig:
     codec_dtype: str = "auto"  # the audio decode's precision on CUDA (decode_codec); references encode in float32
     prefill_graphs: bool = True  # prompt chunks replayed from CUDA graphs (SchedulerConfig.prefill_graphs)
     fp8: bool = False  # quantize the transformer linears at load (`rtts quantize` does it ahead of time)
+    # End the process (status EXIT_WORKER_FAILED) once the server failed, so that a supervisor restarts it. A
+    # process-wide action: `rtts serve` turns it on; in-process servers (tests) watch Runtime.failure instead.
+    exit_on_failure: bool = False
+    # SIGTERM: seconds open sessions get to finish before the rest end with finish/error (rtts.ws.server)
+    drain_grace: float = 30.0
 
 
 def decode_codec(codec: Codec, dtype: str) -> Codec:
@@ -113,6 +128,10 @@ class Runtime:
         # failure = why the server can no longer synthesize (a worker thread died), which ends the process.
         self.draining = False
         self.failure: str | None = None
+        # Called once (from the failing thread) with the reason, when the server fails.
+        self.failure_hooks: list[Callable[[str], None]] = []
+        self.scheduler.on_failure = self.fail
+        self.http_requests = 0  # HTTP requests in progress, probes aside (rtts.ws.app): a drain waits for them
 
     @property
     def sample_rate(self) -> int:
@@ -140,6 +159,21 @@ class Runtime:
         if self.default_model:
             log.warning("serving the embedded default model: tiny random weights, it produces NOISE, not speech. "
                         "Pass --checkpoint DIR (fishaudio/s2-pro or openaudio-s1-mini) for real voices.")
+
+    def fail(self, reason: str) -> None:
+        """The server can no longer synthesize (the scheduler's worker thread died): /v1/health answers 503, the hooks
+        run, and with exit_on_failure the process ends after FAILURE_GRACE seconds."""
+        if self.failure is not None:
+            return
+        self.failure = reason
+        log.critical("server failed: %s", reason)
+        for hook in self.failure_hooks:
+            try:
+                hook(reason)
+            except Exception:
+                log.exception("failure hook failed")
+        if self.config.exit_on_failure:
+            threading.Thread(target=_exit_after_failure, name="rtts-exit", daemon=True).start()
 
     def health(self) -> tuple[int, str]:
         """(HTTP status, state) for /v1/health: 200 only while new sessions can be served."""
@@ -188,3 +222,14 @@ class Runtime:
         self.ready = False
         self.scheduler.stop()
         self.metrics.close()
+
+
+def _exit_after_failure() -> None:
+    """End a failed server's process: the sessions' error finishes go out first (FAILURE_GRACE), then exit without
+    waiting on anything the dead worker holds."""
+    time.sleep(FAILURE_GRACE)
+    log.critical("exiting with status %d: a worker thread died (see above)", EXIT_WORKER_FAILED)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_WORKER_FAILED)

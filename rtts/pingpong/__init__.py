@@ -26,10 +26,15 @@ API (thread-safe; results come back through per-turn outboxes that asyncio code 
 
 `open` raises `NoSlotError` when all `max_running` slots are taken and `PromptError` for a voice prompt that cannot
 fit the context; a turn that cannot run ends with `TurnEnd(reason=ERROR, message=...)` and nothing else is affected.
+An exception in a worker fails the streams it was working on and the worker goes on (faults.py); a worker that dies
+anyway fails the scheduler (`Scheduler.failure`, `on_failure`): open turns end with an error, `open` raises
+`WorkerFailed`.
 """
 
+from rtts.pingpong.faults import WorkerFailed
 from rtts.pingpong.outbox import AudioChunk, Outbox, TurnEnd
 from rtts.pingpong.scheduler import Scheduler, SchedulerConfig, StreamHandle
 from rtts.pingpong.slots import NoSlotError
 
-__all__ = ["AudioChunk", "NoSlotError", "Outbox", "Scheduler", "SchedulerConfig", "StreamHandle", "TurnEnd"]
+__all__ = ["AudioChunk", "NoSlotError", "Outbox", "Scheduler", "SchedulerConfig", "StreamHandle", "TurnEnd",
+           "WorkerFailed"]

@@ -21,6 +21,7 @@ import torch
 from rtts.engine.graphs.codec import CodecGraphRunner
 from rtts.model.codec import Codec
 from rtts.pingpong.device import Device
+from rtts.pingpong.faults import FaultCounter, WorkerDied
 from rtts.pingpong.outbox import AudioChunk
 from rtts.pingpong.state import STOP, CodecFrames, CodecReset, Stream, Turn, drain
 from rtts.types import FinishReason
@@ -72,6 +73,7 @@ class CodecWorker:
         # slot -> turns that must finish before the slot's codec state is reset (a CodecReset behind them)
         self.deferred_resets: dict[int, set[int]] = {}
         self.frames_decoded = 0
+        self.faults = FaultCounter("codec", log)
 
     def capture_graphs(self) -> None:
         """Capture (CUDA only) and from now on replay the streaming decode from CUDA graphs; call it before run()."""
@@ -83,10 +85,20 @@ class CodecWorker:
 
     def run(self) -> None:
         with self.dev.on(self.cuda_stream):
-            while self._drain(block=not self._ready()):
-                ready = self._ready()
-                if ready:
-                    self._decode(ready)
+            while True:
+                ready: list[_Audio] = []
+                try:
+                    if not self._drain(block=not self._ready()):
+                        return
+                    ready = self._ready()
+                    if ready:
+                        self._decode(ready)
+                except WorkerDied:
+                    raise
+                except Exception as e:  # outside any one turn's guard: the turns of this pass fail
+                    message = self.faults.batch_fault(e, "a codec pass")
+                    for a in ready or list(self.pending.values()):
+                        self._fail(a, message)
 
     def _drain(self, block: bool) -> bool:
         for msg in drain(self.inbox, block):
@@ -105,9 +117,9 @@ class CodecWorker:
             assert isinstance(msg, CodecFrames)
             if msg.turn.outbox.closed:
                 continue
-            if msg.turn.id not in self.pending:
-                self.pending[msg.turn.id] = _Audio(msg.stream, msg.turn)
-            a = self.pending[msg.turn.id]
+            a = self.pending.get(msg.turn.id) or self.pending.setdefault(msg.turn.id, _Audio(msg.stream, msg.turn))
+            if a.final and a.reason == FinishReason.ERROR:
+                continue  # failed here already: later frames (the decode thread had not seen it) are dropped
             if msg.codes.numel():
                 a.buffered.append(msg.codes)
                 a.kept.append(msg.codes)
@@ -148,46 +160,102 @@ class CodecWorker:
             return self.runner.decode(codes, slots)
         return self.codec.decode_stream(codes, self.state, slots)
 
+    def _mark_failed(self, a: _Audio, message: str) -> None:
+        """A fault hit this turn: it ends with an error once out of this pass (its audio not yet decoded dropped),
+        the decode thread stops generating it, and its stream is marked failed (its codec state is suspect)."""
+        a.stream.fail(message)
+        a.turn.cancelled = True
+        a.buffered.clear()
+        a.final, a.reason, a.message = True, FinishReason.ERROR, message
+
+    def _fail(self, a: _Audio, message: str) -> None:
+        """_mark_failed, and the turn ends now (a fault outside the normal end of a pass)."""
+        if self.pending.get(a.turn.id) is not a:
+            return  # ended already
+        self._mark_failed(a, message)
+        try:
+            self._end(a)
+        except Exception:  # the end's own steps failed: still drop the turn and tell its reader
+            log.exception("codec worker: ending a failed turn")
+            self.pending.pop(a.turn.id, None)
+            a.turn.finish(FinishReason.ERROR, message, a.delivered)
+
+    def _codes(self, a: _Audio) -> torch.Tensor | None:
+        """The turn's buffered frames as [num_codebooks, n] (None: a fault, and the turn is marked failed)."""
+        try:
+            return torch.cat(a.buffered).T
+        except WorkerDied:
+            raise
+        except Exception as e:
+            self._mark_failed(a, self.faults.stream_fault(e, f"stream {a.stream.id}'s frames"))
+            return None
+
     def _decode(self, ready: list[_Audio]) -> None:
-        by_len: dict[int, list[_Audio]] = {}
+        by_len: dict[int, list[tuple[_Audio, torch.Tensor]]] = {}
         for a in ready:
             n = a.n_buffered
-            if n:
-                by_len.setdefault(n, []).append(a)
-        for n, group in by_len.items():
-            codes = torch.stack([torch.cat(a.buffered)[:, :].T for a in group])  # [B, num_codebooks, n]
+            codes = self._codes(a) if n else None
+            if codes is not None:
+                by_len.setdefault(n, []).append((a, codes))
+        for n, members in by_len.items():
+            group = [a for a, _ in members]
+            codes = torch.stack([c for _, c in members])  # [B, num_codebooks, n]
             slots = torch.tensor([a.stream.slot for a in group], device=self.codec.device)
             try:
                 pcm = self._decode_chunk(codes.to(self.codec.device), slots).float().cpu().numpy()
+            except WorkerDied:
+                raise
             except Exception as e:
-                log.exception("codec decode failed")
+                message = self.faults.batch_fault(e, f"a codec decode of {len(group)} streams")
                 for a in group:
-                    a.buffered.clear()
-                    a.final, a.reason, a.message = True, FinishReason.ERROR, f"codec failed: {e}"
+                    self._mark_failed(a, message)
                 continue
+            self.faults.succeeded()
             self.frames_decoded += n * len(group)
             for a, samples in zip(group, pcm):
-                a.buffered.clear()
-                if a.turn.cancelled:  # cancelled while this chunk was decoding: drop it
-                    a.final, a.reason = True, FinishReason.CANCELLED
-                    continue
-                a.turn.outbox.put(AudioChunk(np.ascontiguousarray(samples, dtype=np.float32), self.sample_rate, n,
-                                             a.delivered, a.turn.t_submit))
-                a.delivered += n
-                a.turn.frames_delivered = a.delivered
-                if a.turn.outbox.buffered_samples > self.max_buffer_samples and not a.final:
-                    # The consumer stopped reading: end the turn rather than buffer without bound.
-                    a.turn.cancelled = True
-                    a.final, a.reason, a.message = True, FinishReason.ERROR, "client is not reading audio"
+                try:
+                    self._deliver(a, samples, n)
+                except WorkerDied:
+                    raise
+                except Exception as e:  # this turn's alone
+                    self._mark_failed(a, self.faults.stream_fault(e, f"stream {a.stream.id}'s audio chunk"))
         for a in ready:
             if a.final and not a.buffered:
-                del self.pending[a.turn.id]
-                waiting = self.deferred_resets.get(a.stream.slot)
-                if waiting is not None:
-                    waiting.discard(a.turn.id)
-                    if not waiting:
-                        del self.deferred_resets[a.stream.slot]
-                        self._reset(a.stream.slot)
-                kept = (torch.cat(a.kept).T.numpy() if a.kept
-                        else np.zeros((self.codec.config.num_codebooks, 0), dtype=np.int64))
-                a.turn.finish(a.reason, a.message, a.delivered, kept)
+                try:
+                    self._end(a)
+                except WorkerDied:
+                    raise
+                except Exception as e:  # (_end takes the turn out of pending first): end it here
+                    message = self.faults.stream_fault(e, f"the end of stream {a.stream.id}'s turn")
+                    self._mark_failed(a, message)
+                    self.pending.pop(a.turn.id, None)
+                    a.turn.finish(FinishReason.ERROR, message, a.delivered)
+
+    def _deliver(self, a: _Audio, samples: np.ndarray, n: int) -> None:
+        """One decoded chunk of a turn into its outbox."""
+        a.buffered.clear()
+        if a.turn.cancelled:  # cancelled (or failed) while this chunk was decoding: drop it
+            if a.reason != FinishReason.ERROR:
+                a.final, a.reason = True, FinishReason.CANCELLED
+            return
+        a.turn.outbox.put(AudioChunk(np.ascontiguousarray(samples, dtype=np.float32), self.sample_rate, n,
+                                     a.delivered, a.turn.t_submit))
+        a.delivered += n
+        a.turn.frames_delivered = a.delivered
+        if a.turn.outbox.buffered_samples > self.max_buffer_samples and not a.final:
+            # The consumer stopped reading: end the turn rather than buffer without bound.
+            a.turn.cancelled = True
+            a.final, a.reason, a.message = True, FinishReason.ERROR, "client is not reading audio"
+
+    def _end(self, a: _Audio) -> None:
+        """The turn is over here: its slot's deferred codec reset (once its last turn in flight ended), its TurnEnd."""
+        del self.pending[a.turn.id]
+        waiting = self.deferred_resets.get(a.stream.slot)
+        if waiting is not None:
+            waiting.discard(a.turn.id)
+            if not waiting:
+                del self.deferred_resets[a.stream.slot]
+                self._reset(a.stream.slot)
+        kept = (torch.cat(a.kept).T.numpy() if a.kept
+                else np.zeros((self.codec.config.num_codebooks, 0), dtype=np.int64))
+        a.turn.finish(a.reason, a.message, a.delivered, kept)

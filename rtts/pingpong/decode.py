@@ -21,6 +21,7 @@ import torch
 
 from rtts.engine.engine import Engine
 from rtts.pingpong.device import Device
+from rtts.pingpong.faults import FaultCounter, WorkerDied
 from rtts.pingpong.slots import SlotAllocator
 from rtts.pingpong.state import STOP, Admit, CancelTurn, CodecFrames, Release, Stream, Turn, drain
 from rtts.types import FinishReason
@@ -76,6 +77,7 @@ class DecodeWorker:
         self.on_step: Callable[[int], None] | None = None  # test hook: called with the batch size after a launch
         # Benchmarks set this to a list: (start, end) CUDA events around each step's GPU work, for idle-time math.
         self.profile: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
+        self.faults = FaultCounter("decode", log)
 
     # ------------------------------------------------------------------ loop
 
@@ -83,12 +85,20 @@ class DecodeWorker:
         with self.dev.on(self.cuda_stream):
             inflight: _InFlight | None = None
             while True:
-                if not self._drain(block=not self.running and inflight is None):
-                    break
-                launched = self._launch() if self.running else None
-                if inflight is not None:
-                    self._collect(inflight, launched)
-                inflight = launched
+                try:
+                    if not self._drain(block=not self.running and inflight is None):
+                        break
+                    launched = self._launch() if self.running else None
+                    step, inflight = inflight, launched
+                    if step is not None:
+                        self._collect(step, launched)
+                except WorkerDied:
+                    raise
+                except Exception as e:  # outside any one stream's guard: every running stream was in this step
+                    message = self.faults.batch_fault(e, "a decode pass")
+                    inflight = None
+                    for run in list(self.running.values()):
+                        self._fail(run, message)
             for run in list(self.running.values()):
                 self._retire(run, FinishReason.ERROR, "server shutting down")
 
@@ -96,27 +106,67 @@ class DecodeWorker:
         for msg in drain(self.inbox, block):
             if msg is STOP:
                 return False
-            if isinstance(msg, Admit):
-                self.dev.wait(msg.ready)
-                run = _Running(msg.stream, msg.turn, msg.pos)
-                self.running[msg.stream.slot] = run
-                if msg.turn.cancelled:  # cancelled while its prefill finished: never step it
-                    self.engine.cancel(msg.stream.slot)
-                    self._retire(run, FinishReason.CANCELLED)
-            elif isinstance(msg, CancelTurn):
-                cur = self.running.get(msg.stream.slot)
-                if cur is not None and cur.turn is msg.turn:
-                    self.engine.cancel(msg.stream.slot)  # device write, ordered before the next step
-                    self._retire(cur, FinishReason.CANCELLED)
-            elif isinstance(msg, Release):
+            if isinstance(msg, Release):
                 try:
                     cur = self.running.get(msg.stream.slot)
                     if cur is not None:
                         self.engine.cancel(msg.stream.slot)
                         self._retire(cur, FinishReason.CANCELLED, advance=False)
+                except WorkerDied:
+                    raise
+                except Exception as e:
+                    self.faults.stream_fault(e, f"releasing stream {msg.stream.id}")
                 finally:  # the slot comes back whatever happened above (see the prefill thread's Release)
+                    self.running.pop(msg.stream.slot, None)
                     self.slots.release(msg.stream.slot, self.dev.record())
+                continue
+            assert isinstance(msg, (Admit, CancelTurn))
+            try:
+                self._on_turn_message(msg)
+            except WorkerDied:
+                raise
+            except Exception as e:  # this turn's alone
+                self._fail_turn(msg.stream, msg.turn, self.faults.stream_fault(e, f"stream {msg.stream.id}'s "
+                                                                                  f"{type(msg).__name__}"))
         return True
+
+    def _on_turn_message(self, msg: Admit | CancelTurn) -> None:
+        if isinstance(msg, Admit):
+            self.dev.wait(msg.ready)
+            run = _Running(msg.stream, msg.turn, msg.pos)
+            self.running[msg.stream.slot] = run
+            if msg.turn.cancelled:  # cancelled while its prefill finished: never step it
+                self.engine.cancel(msg.stream.slot)
+                self._retire(run, FinishReason.CANCELLED)
+        else:
+            cur = self.running.get(msg.stream.slot)
+            if cur is not None and cur.turn is msg.turn:
+                self.engine.cancel(msg.stream.slot)  # device write, ordered before the next step
+                self._retire(cur, FinishReason.CANCELLED)
+
+    # ------------------------------------------------------------------ faults
+
+    def _fail(self, run: _Running, message: str) -> None:
+        """A fault hit this running turn: it leaves the batch (frozen on the device), ends with an error, and its
+        stream is marked failed."""
+        if self.running.get(run.stream.slot) is not run:
+            return  # retired already
+        try:
+            self.engine.cancel(run.stream.slot)
+        except Exception:  # (the same fault may hit this write): the turn ends anyway; its slot is reset on reuse
+            log.exception("decode worker: freezing a failed slot")
+        self._fail_turn(run.stream, run.turn, message)
+
+    def _fail_turn(self, stream: Stream, turn: Turn, message: str) -> None:
+        stream.fail(message)
+        turn.cancelled = True
+        run = self.running.get(stream.slot)
+        if run is not None and run.turn is turn:
+            self._retire(run, FinishReason.ERROR, message)
+        elif not turn.outbox.closed:  # (an Admit that failed before it ran): end it as _retire would
+            self.to_codec.put(CodecFrames(stream, turn, torch.empty(0, 0, dtype=torch.int64), final=True,
+                                          reason=FinishReason.ERROR, message=message))
+            self.on_turn_end(stream)
 
     # ------------------------------------------------------------------ one step
 
@@ -128,12 +178,14 @@ class DecodeWorker:
         start = self.dev.record() if self.profile is not None else None
         try:
             cols, finish = self.engine.decode_batch(slots, kv_len)
+        except WorkerDied:
+            raise
         except Exception as e:  # a failed step fails its turns, not the thread
-            log.exception("decode step failed")
+            message = self.faults.batch_fault(e, f"a decode step of {len(runs)}")
             for r in runs:
-                self.engine.cancel(r.stream.slot)
-                self._retire(r, FinishReason.ERROR, f"decode failed: {e}")
+                self._fail(r, message)
             return _InFlight([], self._ring[0][0][:0], self._ring[0][1][:0], None, t)
+        self.faults.succeeded()
         n = len(slots)
         hc, hf = self._ring[self._turn]
         self._turn ^= 1
@@ -157,23 +209,32 @@ class DecodeWorker:
             run = self.running.get(slot)
             if run is None or run.turn.id != turn_id:
                 continue  # retired or cancelled since the launch: this row was frozen or is stale
-            if run.turn.cancelled:
-                self.engine.cancel(slot)
-                self._retire(run, FinishReason.CANCELLED)
-                continue
-            run.turn.frames_sampled += 1
-            reason = FinishReason(int(finish[row]))
-            if reason == FinishReason.RUNNING:
-                # A frame is kept iff another frame follows it (the reference drops the last sampled frame).
-                self.to_codec.put(CodecFrames(run.stream, run.turn, cols[row, 1:][None]))
-                self.stats.frames += 1
-            else:
-                self._retire(run, reason, event=launched.done if launched is not None else step.done)
+            try:
+                self._collect_row(run, cols[row], int(finish[row]), launched.done if launched is not None
+                                  else step.done)
+            except WorkerDied:
+                raise
+            except Exception as e:  # this row's stream alone
+                self._fail(run, self.faults.stream_fault(e, f"stream {run.stream.id}'s frame"))
+
+    def _collect_row(self, run: _Running, col: torch.Tensor, finish: int, event: torch.cuda.Event | None) -> None:
+        if run.turn.cancelled:
+            self.engine.cancel(run.stream.slot)
+            self._retire(run, FinishReason.CANCELLED)
+            return
+        run.turn.frames_sampled += 1
+        reason = FinishReason(finish)
+        if reason == FinishReason.RUNNING:
+            # A frame is kept iff another frame follows it (the reference drops the last sampled frame).
+            self.to_codec.put(CodecFrames(run.stream, run.turn, col[1:][None]))
+            self.stats.frames += 1
+        else:
+            self._retire(run, reason, event=event)
 
     def _retire(self, run: _Running, reason: FinishReason, message: str = "",
                 event: torch.cuda.Event | None = None, advance: bool = True) -> None:
         """The turn ended: leave the batch, flush the codec, let the stream's next turn start."""
-        del self.running[run.stream.slot]
+        self.running.pop(run.stream.slot, None)
         run.stream.decode_done = event if event is not None else self.dev.record()
         self.to_codec.put(CodecFrames(run.stream, run.turn, torch.empty(0, 0, dtype=torch.int64), final=True,
                                       reason=reason, message=message))

@@ -17,6 +17,7 @@ from rtts.engine.engine import ContextFullError, Engine
 from rtts.model.errors import PromptError
 from rtts.model.prompt import PromptBuilder
 from rtts.pingpong.device import Device
+from rtts.pingpong.faults import FaultCounter, WorkerDied
 from rtts.pingpong.state import STOP, Admit, CodecFrames, CodecReset, PrefillJob, Release, Stream, drain
 from rtts.types import FinishReason
 
@@ -49,15 +50,26 @@ class PrefillWorker:
         self._picks = 0
         self.batches = 0  # counters for metrics and tests
         self.positions = 0
+        self.faults = FaultCounter("prefill", log)
 
     # ------------------------------------------------------------------ loop
 
     def run(self) -> None:
         with self.dev.on(self.cuda_stream):
-            while self._drain(block=not self.pending):
-                batch = self._pick()
-                if batch:
-                    self._run(batch)
+            while True:
+                batch: list[PrefillJob] = []
+                try:
+                    if not self._drain(block=not self.pending):
+                        return
+                    batch = self._pick()
+                    if batch:
+                        self._run(batch)
+                except WorkerDied:
+                    raise
+                except Exception as e:  # a fault outside any one job's guard: the jobs of this pass fail
+                    message = self.faults.batch_fault(e, "a prefill pass")
+                    for job in batch or list(self.pending):
+                        self._fail(job, message)
 
     def _drain(self, block: bool) -> bool:
         for msg in drain(self.inbox, block):
@@ -71,17 +83,29 @@ class PrefillWorker:
                 # Close: no more prompt work for this stream; then the decode thread frees the slot (passed on
                 # whatever happens here: a lost release would shrink the server's capacity for good).
                 try:
-                    for job in [j for j in self.pending if j.stream is msg.stream]:
-                        if job.turn is None:
-                            self.pending.remove(job)
-                        else:
-                            self._end(job, FinishReason.CANCELLED)
+                    self._release(msg.stream)
                 finally:
                     self.to_decode.put(msg)
                 continue
             assert isinstance(msg, PrefillJob)
             self.pending.append(msg)
         return True
+
+    def _release(self, stream: Stream) -> None:
+        for job in [j for j in self.pending if j.stream is stream]:
+            if job.turn is None:
+                self.pending.remove(job)
+                continue
+            try:
+                self._end(job, FinishReason.CANCELLED)
+            except WorkerDied:
+                raise
+            except Exception as e:
+                self.faults.stream_fault(e, f"releasing stream {stream.id}")
+                if job in self.pending:
+                    self.pending.remove(job)
+                job.turn.cancelled = True
+                job.turn.finish(FinishReason.CANCELLED)
 
     def _pick(self) -> list[PrefillJob]:
         firsts: dict[int, PrefillJob] = {}
@@ -111,7 +135,16 @@ class PrefillWorker:
 
     def _start(self, job: PrefillJob) -> bool:
         """First chunk of a job: order after the slot's last decode step, build and check the prompt.
-        False if the job ended here (cancelled or refused)."""
+        False if the job ended here (cancelled, refused, or failed: a fault here is this stream's alone)."""
+        try:
+            return self._start_job(job)
+        except WorkerDied:
+            raise
+        except Exception as e:
+            self._fail(job, self.faults.stream_fault(e, f"stream {job.stream.id}'s prompt set-up"))
+            return False
+
+    def _start_job(self, job: PrefillJob) -> bool:
         eng, stream, turn = self.engine, job.stream, job.turn
         self.dev.wait(stream.decode_done)
         if turn is None:  # voice prompt of a new stream: the slot is fresh
@@ -149,7 +182,8 @@ class PrefillWorker:
         stream.turn_open = False
 
     def _end(self, job: PrefillJob, reason: FinishReason, message: str = "") -> None:
-        self.pending.remove(job)
+        if job in self.pending:
+            self.pending.remove(job)
         if job.turn is not None:
             job.turn.cancelled = job.turn.cancelled or reason == FinishReason.CANCELLED
             self.to_codec.put(CodecFrames(job.stream, job.turn, torch.empty(0, 0, dtype=torch.int64), final=True,
@@ -157,19 +191,34 @@ class PrefillWorker:
             job.stream.decode_done = self.dev.record()
             self.on_turn_end(job.stream)
 
+    def _fail(self, job: PrefillJob, message: str) -> None:
+        """A fault hit this job: its turn ends with an error, its stream is marked failed (a voice prompt's failure
+        fails every later turn of the stream)."""
+        if job not in self.pending:  # handed on already (or ended): no longer this thread's
+            return
+        job.stream.fail(message if job.turn is not None else f"voice prompt failed: {message}")
+        try:
+            self._end(job, FinishReason.ERROR, message)
+        except Exception:  # the end's own hand-offs failed: still drop the job and end its turn
+            log.exception("prefill worker: ending a failed job")
+            if job in self.pending:
+                self.pending.remove(job)
+            if job.turn is not None:
+                job.turn.cancelled = True
+                job.turn.finish(FinishReason.ERROR, message)
+
     def _run(self, batch: list[PrefillJob]) -> None:
         items = [job.next_item(self.chunk) for job in batch]
         try:
             frames = self.engine.prefill_batch(items)
+        except WorkerDied:
+            raise
         except Exception as e:  # a worker thread never dies on one bad batch
-            log.exception("prefill failed")
+            message = self.faults.batch_fault(e, f"a prefill batch of {len(batch)}")
             for job in batch:
-                if job.turn is None:
-                    job.stream.error = f"voice prompt failed: {e}"
-                    self.pending.remove(job)
-                else:
-                    self._end(job, FinishReason.ERROR, f"prefill failed: {e}")
+                self._fail(job, message)
             return
+        self.faults.succeeded()
         self.batches += 1
         sampled = 0
         for job, item in zip(batch, items):
@@ -183,7 +232,12 @@ class PrefillWorker:
                 self.pending.remove(job)
                 continue
             assert frames is not None
-            self._finish_turn_prefill(job, frames[sampled])
+            try:
+                self._finish_turn_prefill(job, frames[sampled])
+            except WorkerDied:
+                raise
+            except Exception as e:
+                self._fail(job, self.faults.stream_fault(e, f"stream {job.stream.id}'s frame 0"))
             sampled += 1
 
     def _finish_turn_prefill(self, job: PrefillJob, frame0: torch.Tensor) -> None:
@@ -198,6 +252,7 @@ class PrefillWorker:
             # Frame 0 ended the turn (cap of 1 frame, full context) or the turn was cancelled: it is not kept.
             self._end(job, FinishReason.CANCELLED if turn.cancelled else finish)
             return
-        self.pending.remove(job)
+        admit = Admit(stream, turn, col, self.engine.host_pos[stream.slot], self.dev.record())
+        self.pending.remove(job)  # (last: a fault before it leaves the job to _fail)
         self.to_codec.put(CodecFrames(stream, turn, col[None, 1:]))
-        self.to_decode.put(Admit(stream, turn, col, self.engine.host_pos[stream.slot], self.dev.record()))
+        self.to_decode.put(admit)

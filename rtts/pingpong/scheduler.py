@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +17,7 @@ from rtts.model.prompt import PromptBuilder, Reference
 from rtts.pingpong.codec_stage import CHUNK_FRAMES, CodecWorker
 from rtts.pingpong.decode import DecodeWorker
 from rtts.pingpong.device import Device
+from rtts.pingpong.faults import WorkerFailed, describe
 from rtts.pingpong.outbox import Outbox
 from rtts.pingpong.prefill import PrefillWorker
 from rtts.pingpong.slots import SlotAllocator
@@ -60,6 +61,10 @@ class Scheduler:
         self._threads: list[threading.Thread] = []
         self.streams: dict[int, Stream] = {}  # id -> open stream (for metrics and shutdown)
         self._lock = threading.Lock()
+        # Why the scheduler can no longer synthesize (a worker thread died), and who is told (the runtime).
+        self.failure: str | None = None
+        self.on_failure: Callable[[str], None] | None = None
+        self._stopping = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -72,15 +77,48 @@ class Scheduler:
                 self.codec_worker.capture_graphs()
         else:
             self.engine.release_graphs()
+        self._stopping = False
         for name, target in (("rtts-prefill", self.prefill.run), ("rtts-decode", self.decode.run),
                              ("rtts-codec", self.codec_worker.run)):
-            t = threading.Thread(target=target, name=name, daemon=True)
+            t = threading.Thread(target=self._guarded, args=(name, target), name=name, daemon=True)
             t.start()
             self._threads.append(t)
         return self
 
+    def _guarded(self, name: str, target: Callable[[], None]) -> None:
+        """A worker thread's body: a worker contains faults to their streams (faults.py); if one ends anyway, the
+        scheduler has failed."""
+        try:
+            target()
+        except BaseException as e:
+            log.critical("worker thread %s died", name, exc_info=e)
+            self._fail(f"the {name} thread died: {describe(e)}")
+            return
+        if not self._stopping:
+            self._fail(f"the {name} thread ended")
+
+    def _fail(self, reason: str) -> None:
+        """No more synthesis: on_failure is told (once, before any client hears of it), new streams are refused,
+        and every open turn ends with an error now (nobody waits for audio that cannot come)."""
+        with self._lock:
+            if self.failure is not None:
+                return
+            self.failure = reason
+            streams = list(self.streams.values())
+        if self.on_failure is not None:
+            try:
+                self.on_failure(reason)
+            except Exception:
+                log.exception("scheduler failure callback failed")
+        message = f"server failed ({reason}); retry on a restarted server"
+        for stream in streams:
+            for turn in stream.unfinished():
+                turn.cancelled = True
+                turn.finish(FinishReason.ERROR, message)
+
     def stop(self, timeout: float = 10.0) -> None:
         """Finish every open turn with an error, stop and join the threads."""
+        self._stopping = True
         for s in list(self.streams.values()):
             for turn in s.drop_queued():
                 turn.finish(FinishReason.ERROR, "server shutting down")
@@ -103,7 +141,10 @@ class Scheduler:
     # ------------------------------------------------------------------ sessions
 
     def open(self, references: Sequence[Reference] = ()) -> StreamHandle:
-        """Take a slot and start prefilling the voice prompt at once. Raises NoSlotError / PromptError."""
+        """Take a slot and start prefilling the voice prompt at once. Raises NoSlotError / PromptError, and
+        WorkerFailed once the scheduler failed."""
+        if self.failure is not None:
+            raise WorkerFailed(self.failure)
         columns = self.builder.system(references)
         if columns.shape[1] + 2 > self.engine.max_ctx:
             raise PromptError(f"voice prompt of {columns.shape[1]} positions does not fit the "
@@ -186,6 +227,9 @@ class StreamHandle:
         turn = Turn(text, params, Outbox(loop), latency=latency, fresh=fresh, reset_audio=reset_audio)
         if self.stream.closed:
             turn.finish(FinishReason.ERROR, "stream is closed")
+            return turn.outbox
+        if self._s.failure is not None:
+            turn.finish(FinishReason.ERROR, f"server failed ({self._s.failure})")
             return turn.outbox
         if len(self.stream.turns) >= self._s.config.max_queued_turns:
             turn.finish(FinishReason.ERROR, f"too many queued turns (limit {self._s.config.max_queued_turns})")

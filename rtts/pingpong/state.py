@@ -66,6 +66,7 @@ class Stream:
     # guarded by lock: turns waiting behind the active one, and whether a turn is active (prefilling or decoding)
     turns: deque[Turn] = field(default_factory=deque)
     busy: bool = False
+    issued: list[Turn] = field(default_factory=list)  # turns whose outbox is not closed yet (a failure ends them)
     closed: bool = False
     # written by the prefill thread only
     turn_open: bool = False  # an assistant turn is open in the KV context (the next turn closes it first)
@@ -73,11 +74,18 @@ class Stream:
     # written by the decode thread, read by the prefill thread after the turn ended: the last decode step that
     # included this slot; the next prefill on the slot waits for it (GPU ordering, no host sync)
     decode_done: torch.cuda.Event | None = None
-    error: str = ""  # set when the voice prompt failed: every later turn fails with this message
+    # Set when the voice prompt failed or a worker fault hit the stream (its state may be inconsistent): every later
+    # turn fails with this message, and a socket opens a new stream for its next session.
+    error: str = ""
+
+    def fail(self, message: str) -> None:
+        if not self.error:
+            self.error = message
 
     def submit(self, turn: Turn) -> bool:
         """Queue a turn; True if it should start now (the stream was idle)."""
         with self.lock:
+            self.issued = [t for t in self.issued if not t.outbox.closed] + [turn]
             if self.busy:
                 self.turns.append(turn)
                 return False
@@ -91,6 +99,10 @@ class Stream:
                 return self.turns.popleft()
             self.busy = False
             return None
+
+    def unfinished(self) -> list[Turn]:
+        with self.lock:
+            return [t for t in self.issued if not t.outbox.closed]
 
     def drop_queued(self) -> list[Turn]:
         with self.lock:

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from rtts.audio.encode import AudioFormatError
-from rtts.pingpong import NoSlotError
+from rtts.pingpong import NoSlotError, WorkerFailed
 from rtts.runtime import Runtime
 from rtts.session import Session, SessionError, output_spec, resolve_references
 from rtts.voices import VoiceError
@@ -118,6 +118,8 @@ async def tts(request: Request) -> Response:
         return json_error(400, str(e))
     except NoSlotError:
         return json_error(503, f"too many concurrent requests (limit {rt.config.max_running}); retry later")
+    except WorkerFailed as e:  # (the process is about to exit: a supervisor restarts it)
+        return json_error(503, f"server failed ({e}); retry on a restarted server")
 
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
     failure: list[str] = []

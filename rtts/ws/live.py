@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
-from rtts.pingpong import NoSlotError, StreamHandle
+from rtts.pingpong import NoSlotError, StreamHandle, WorkerFailed
 from rtts.runtime import Runtime
 from rtts.session import (
     ClientGone,
@@ -204,7 +204,7 @@ class Connection:
             self.handle = self.rt.scheduler.open(voice_references(self.rt.voices.get(voice_id)))
             self.handle_voice = stored_voices_key((voice_id,), self.rt.voices)
             self._idle()
-        except (VoiceError, NoSlotError, ValueError) as e:
+        except (VoiceError, NoSlotError, ValueError, WorkerFailed) as e:
             # Not fatal: the client has not started a session; `start` will try again and report the error.
             log.info("could not prefill %r at connect: %s", voice_id, e)
 
@@ -393,6 +393,10 @@ class Connection:
         except (SessionError, VoiceError, ValueError) as e:
             self._idle()
             await self.error(str(e))
+            self.state = State.REFUSED
+            return
+        except WorkerFailed as e:  # (the process is about to exit: a supervisor restarts it)
+            await self.error(f"server failed ({e}); retry on a restarted server")
             self.state = State.REFUSED
             return
         self.session, self.started, self.state = session, ev, State.ACTIVE
