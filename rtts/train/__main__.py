@@ -117,6 +117,18 @@ def cmd_export(args: argparse.Namespace) -> None:
     print(f"export: {out} ({size / 1e6:.1f} MB): " + ", ".join(sorted(f.name for f in out.iterdir())))
 
 
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    from rtts.train import evaluate, sentences
+
+    _threads(args)
+    texts = sentences.read_lines(Path(args.sentences) if args.sentences else TRAIN_DIR / "heldout.txt")[:args.count]
+    report = evaluate.evaluate(texts, Path(args.report), checkpoint=Path(args.checkpoint) if args.checkpoint else None,
+                               url=args.url, bundle=Path(args.bundle) if args.bundle else None,
+                               processes=args.processes, threads=args.threads or 1)
+    print(evaluate.table(report))
+    print(f"report: {args.report} ({report['seconds']:.0f} s)")
+
+
 def _replace(obj, **changes):  # type: ignore[no-untyped-def]
     from dataclasses import replace
 
@@ -157,6 +169,14 @@ def main(argv: list[str] | None = None) -> None:
         if name == "dualar":
             sp.add_argument("--init-weights", default=None,
                             help="start from these weights (WORKDIR/dualar_weights of an earlier run), new optimizer")
+    sp = stage("evaluate", cmd_evaluate, "Whisper WER/CER of the source voice (and of a served checkpoint)")
+    sp.add_argument("--sentences", default=None, help="default: train/heldout.txt")
+    sp.add_argument("--count", type=int, default=50)
+    sp.add_argument("--checkpoint", default=None, help="serve this checkpoint in-process and score it")
+    sp.add_argument("--url", default=None, help="score a running server instead (ws://host:port)")
+    sp.add_argument("--bundle", default=None)
+    sp.add_argument("--processes", type=int, default=1, help="flite processes for the source voice")
+    sp.add_argument("--report", default="evaluate.json")
     sp = stage("export", cmd_export, "write the S2 checkpoint")
     sp.add_argument("--out", required=True)
     args = p.parse_args(argv)

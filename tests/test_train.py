@@ -1,0 +1,229 @@
+"""The demo-voice training recipe (rtts/train): WER/CER math, resumable split states, the training forward against the
+serving engine, the server's prompt layout in the training sequences, and the whole pipeline at toy scale through
+export, loaded by the server's own loaders and synthesized from."""
+
+from __future__ import annotations
+
+import gzip
+import math
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rtts.engine.engine import Engine
+from rtts.engine.synth import Synthesizer
+from rtts.model.codec import load_codec
+from rtts.model.config import DualARConfig
+from rtts.model.dual_ar import DualARTransformer
+from rtts.model.loading import LoadedModel, load_model
+from rtts.model.prompt import PromptBuilder
+from rtts.model.tokenizer import load_tokenizer
+from rtts.train import codec_train, dataset, dualar_train, export, sentences, state, tokens, wer
+from rtts.train import dualar_forward as fwd
+from rtts.train.flite import SAMPLE_RATE, Spoken, parse_psdur
+from rtts.train.presets import PRESETS
+from rtts.train.sequences import SequenceMaker, collate
+from rtts.train.text import config_json, write_tokenizer
+from rtts.types import FinishReason, SamplingParams
+
+ROOT = Path(__file__).resolve().parents[1]
+MICRO = PRESETS["micro"]
+
+
+# ---------------------------------------------------------------------------------------------------- WER / CER
+
+
+def test_wer_normalization_and_rates() -> None:
+    assert wer.normalize("Don't stop -- it's \"well-known\", Café!") == "don't stop it's well known cafe"
+    assert wer.normalize("3 chemicals and 21 dogs") == "three chemicals and twenty one dogs"
+    assert wer.edit_distance("a b c".split(), "a x c d".split()) == 2  # one substitution, one insertion
+    s = wer.score("The cat sat on the mat.", "the cat sat on mat")  # one deletion out of six words
+    assert (s.word_errors, s.words) == (1, 6)
+    assert math.isclose(s.wer, 1 / 6)
+    assert s.char_errors == 4 and s.chars == len("the cat sat on the mat")  # "the " deleted
+    total = wer.corpus([("one two", "one two"), ("three four five six", "three for five")])
+    assert (total.word_errors, total.words) == (2, 6)  # corpus rate: summed errors over summed words
+    assert wer.score("a", "").wer == 1.0 and wer.score("a", "a b c").wer == 2.0
+
+
+# ---------------------------------------------------------------------------------------------------- data
+
+
+def test_sentence_cleaning_and_heldout_split() -> None:
+    assert sentences.clean("  a quiet  evening at home ") == "A quiet evening at home."
+    for bad in ("Call 555 now, please do it.", "see http://x.org for more", "Too short.", "echo $HOME | cat > f"):
+        assert sentences.clean(bad) is None, bad
+    src = {"fortunes": [f"Fortune number {w} is here today." for w in "abcdefghij"],
+           "wordnet": [f"Wordnet example {w} reads well." for w in "abcdefghij"], "freebsd": ["Another line to read."]}
+    train, held = sentences.split_heldout(src, per_source=3)
+    assert len(held) == 6 and not {sentences.normalized_key(s) for s in held} & {sentences.normalized_key(s)
+                                                                                    for s in train}
+    assert len(train) == 15
+
+
+def test_committed_sentence_lists() -> None:
+    held = sentences.read_lines(ROOT / "train" / "heldout.txt")
+    train = gzip.decompress((ROOT / "train" / "sentences.txt.gz").read_bytes()).decode().splitlines()
+    assert len(held) >= 200 and len(train) > 40000
+    assert not any(re.search(r"\d", s) for s in held)
+    assert not {sentences.normalized_key(s) for s in held} & {sentences.normalized_key(s) for s in train}
+
+
+def test_psdur_parsing() -> None:
+    assert parse_psdur("pau:0.176 dh:0.284 ax:0.331\n") == [("pau", 0.176), ("dh", 0.284), ("ax", 0.331)]
+
+
+def test_flite_bundle_speaks(tmp_path: Path) -> None:
+    from conftest import system_tool
+
+    from rtts.train import flite
+
+    system_tool("flite")
+    voice = flite.find(flite.bundle(tmp_path / "bundle"))
+    assert voice.lib_dir is not None and (voice.lib_dir / "libflite.so.1").is_file()
+    spoken = list(flite.synthesize(voice, ["Hello there.", "A second sentence."], processes=2))
+    assert [s.text for s in spoken] == ["Hello there.", "A second sentence."]
+    for s in spoken:
+        assert s.audio.dtype == np.int16 and s.audio.size > SAMPLE_RATE // 4
+        assert s.phones[-1][1] == pytest.approx(s.audio.size / SAMPLE_RATE, abs=0.3)
+
+
+# ---------------------------------------------------------------------------------------------------- states
+
+
+def test_state_split_and_resume(tmp_path: Path) -> None:
+    blob = {"model": {"w": torch.randn(1000, 100)}, "step": 7}
+    files = state.save(tmp_path, "s", blob, part_bytes=100_000)
+    parts = [f for f in files if ".part" in f.name]
+    assert len(parts) == 5 and all(f.stat().st_size <= 100_000 for f in parts)
+    back = state.load(tmp_path, "s")
+    assert back["step"] == 7 and torch.equal(back["model"]["w"], blob["model"]["w"])
+    state.save(tmp_path, "s", {"step": 8}, part_bytes=100_000)  # smaller state: stale parts are removed
+    assert state.load(tmp_path, "s")["step"] == 8 and len(list(tmp_path.glob("s.part*"))) == 1
+
+
+# ---------------------------------------------------------------------------------------------------- DualAR
+
+
+def _tiny_model(tmp_path: Path) -> tuple[DualARTransformer, Path]:
+    ids = write_tokenizer(tmp_path, MICRO.codebook_size)
+    cfg = config_json(ids, MICRO.dualar, MICRO.codebook_size, MICRO.num_codebooks)
+    config = DualARConfig.from_dict(cfg)
+    tok = load_tokenizer(tmp_path, config.model_type)
+    model = DualARTransformer(config, tok.semantic_begin_id, tok.semantic_end_id)
+    fwd.init_weights(model, seed=1, std=0.2)  # large weights: sharp logits, so a wrong op shows
+    return model.eval(), tmp_path
+
+
+def test_training_forward_matches_the_engine(tmp_path: Path) -> None:
+    model, ckpt = _tiny_model(tmp_path)
+    tok = load_tokenizer(ckpt, "fish_qwen3_omni")
+    lm = LoadedModel(model.config, model, tok, ckpt)
+    builder = PromptBuilder(tok, model.config.num_codebooks, "s2", model.config.codebook_size)
+    codes = torch.randint(0, MICRO.codebook_size, (model.config.num_codebooks, 5))
+    prompt = torch.cat([builder.system(), builder.turn("A test of the forward."), builder.assistant_codes(codes)], 1)
+    engine = Engine(lm, max_slots=1, max_ctx=256)
+    seen: dict[str, list[torch.Tensor]] = {}
+    engine.trace = lambda name, t: seen.setdefault(name, []).append(t.detach().clone())
+    with torch.inference_mode():
+        engine.prefill(0, prompt, sample=True)
+        col = engine.state.last_col[0].clone()
+    with torch.no_grad():
+        out = fwd.slow(model, prompt[None])
+        torch.testing.assert_close(out.normed[0, -1], seen["hidden_normed"][-1][0], rtol=1e-4, atol=1e-4)
+        main_ids = engine.main_ids
+        torch.testing.assert_close(fwd.main_logits(model, out.normed[:, -1], main_ids)[0],
+                                   seen["slow_logits"][-1][0][main_ids], rtol=1e-4, atol=1e-4)
+        fast = fwd.fast(model, out.fast_in[:, -1], col[1:][None])[0]  # [K, codebook]
+    for k, logits in enumerate(seen["fast_logits"], start=1):  # the engine's fast steps predict c1..c(K-1)
+        torch.testing.assert_close(fast[k], logits[0], rtol=1e-4, atol=1e-4)
+
+
+def _toy_tokens(n: int, k: int, seed: int = 0) -> tokens.Tokens:
+    rng = np.random.default_rng(seed)
+    frames = rng.integers(3, 9, n)
+    starts = np.concatenate([[0], np.cumsum(frames)[:-1]])
+    codes = rng.integers(0, MICRO.codebook_size, (k, int(frames.sum()))).astype(np.uint16)
+    return tokens.Tokens([f"Sentence number {w} here." for w in "abcdefgh"[:n]], starts, frames, codes)
+
+
+def test_sequences_use_the_server_layout_and_supervise_the_stop(tmp_path: Path) -> None:
+    model, ckpt = _tiny_model(tmp_path)
+    tok = load_tokenizer(ckpt, "fish_qwen3_omni")
+    builder = PromptBuilder(tok, model.config.num_codebooks, "s2", model.config.codebook_size)
+    toks = _toy_tokens(3, model.config.num_codebooks)
+    maker = SequenceMaker(builder, toks)
+    ex = maker.example([0, 1])
+    codes = [torch.from_numpy(toks.utterance(i).astype(np.int64)) for i in (0, 1)]
+    expected = builder.conversation([], [(toks.texts[0], codes[0]), (toks.texts[1], codes[1])])
+    assert torch.equal(ex.columns[:, :-1], expected)  # exactly what the server prefills, then the stop token
+    assert int(ex.columns[0, -1]) == tok.im_end_id
+    batch = collate([ex, maker.example([2])], tok.semantic_begin_id, tok.num_semantic, tok.im_end_id)
+    tgt = batch.main_target[0]
+    eos = (tgt == tok.num_semantic).nonzero().flatten().tolist()
+    assert len(eos) == 2  # each turn's last frame predicts <|im_end|>
+    assert int(batch.frame_mask[0].sum()) == toks.frames[0] + toks.frames[1]
+    for ts, te, qs, qe in ex.spans:
+        assert tok.decode(ex.columns[0, ts:te].tolist()) == tok.decode(tok.encode(toks.texts[0 if ts < eos[0] else 1]))
+        assert int(ex.columns[0, qs]) == tok.voice_id and qe - 1 in eos  # queries: <|voice|> .. the stopping frame
+
+
+# ---------------------------------------------------------------------------------------------------- pipeline
+
+
+def _toy_store(root: Path, texts: list[str]) -> dataset.Store:
+    """flite's voice where it is installed; otherwise a synthetic voice-like signal (a buzz whose pitch and loudness
+    move with the letters), so the pipeline runs anywhere."""
+    from rtts.train import flite
+
+    if shutil.which(flite.VOICE_BINARY):
+        spoken = list(flite.synthesize(flite.find(), texts, processes=1))
+    else:
+        spoken = []
+        for text in texts:
+            t = np.arange(int(0.06 * SAMPLE_RATE * len(text))) / SAMPLE_RATE
+            pitch = 110 + 20 * np.sin(2 * np.pi * 1.5 * t)
+            amp = 0.3 * (0.6 + 0.4 * np.sin(2 * np.pi * 4 * t))
+            audio = amp * np.sign(np.sin(2 * np.pi * np.cumsum(pitch) / SAMPLE_RATE))
+            spoken.append(Spoken(text, (audio * 8000).astype(np.int16), [("pau", float(t[-1]))]))
+    return dataset.write(root / "data", spoken, SAMPLE_RATE, "toy")
+
+
+@pytest.mark.slow
+def test_pipeline_through_export_and_the_server_loaders(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    torch.set_num_threads(1)
+    texts = ["Hello there.", "The cat sat down.", "Good morning to you.", "It is late."]
+    store = _toy_store(tmp_path, texts)
+    work, dev = tmp_path, torch.device("cpu")
+    ccfg = replace(MICRO.codec_training, steps=2, batch=2, segment_frames=5, save_every=1, log_every=1)
+    assert codec_train.train(store, work, MICRO.codec, ccfg, dev, minutes=1e-9) is None  # budget out: state saved
+    assert state.load(work, codec_train.STATE)["step"] == 1
+    codec_dir = codec_train.train(store, work, MICRO.codec, ccfg, dev)  # resumes at step 1, finishes
+    assert codec_dir is not None and state.load(work, codec_train.STATE)["step"] == 2
+    toks = tokens.encode_store(store, codec_dir, work / "tokens", dev)
+    frame = load_codec(codec_dir).config.frame_length
+    assert toks.frames.tolist() == [-(-u.length // frame) for u in store.utts]
+    assert tokens.Tokens.load(work / "tokens").codes.shape == toks.codes.shape
+    dcfg = replace(MICRO.dualar_training, steps=2, batch_positions=4 * 200, save_every=1, log_every=1)
+    assert dualar_train.train(MICRO, work, dcfg, dev) is not None
+    out = export.export(work, tmp_path / "ckpt")
+    assert {f.name for f in out.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json", "codec.pth",
+                                               "codec_config.json"}
+    lm = load_model(out, device="cpu", dtype=torch.float32)
+    codec = load_codec(out)
+    assert codec.config.sample_rate == SAMPLE_RATE and lm.config.num_codebooks == codec.config.num_codebooks
+    engine = Engine(lm, max_slots=1, max_ctx=512)
+    synth = Synthesizer(engine)
+    synth.start()
+    turn = synth.turn("Hello there.", SamplingParams(seed=1, max_frames=4))
+    assert turn.finish in (FinishReason.STOP, FinishReason.LENGTH)
+    if turn.codes.shape[1]:
+        with torch.inference_mode():
+            audio = codec.decode(turn.codes[None])
+        assert audio.shape[-1] == turn.codes.shape[1] * frame and torch.isfinite(audio).all()
