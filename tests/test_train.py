@@ -227,3 +227,25 @@ def test_pipeline_through_export_and_the_server_loaders(tmp_path: Path) -> None:
         with torch.inference_mode():
             audio = codec.decode(turn.codes[None])
         assert audio.shape[-1] == turn.codes.shape[1] * frame and torch.isfinite(audio).all()
+
+
+def test_h200_preset_fits_the_package_and_fp8(tmp_path: Path) -> None:
+    """The shipped sizes: DualAR in bf16 plus the codec in float16 stay under the 25 MB the package may hold, and every
+    transformer linear is a multiple of 128 on both sides (rtts quantize's FP8 blocks)."""
+    from rtts.model.codec import Codec, codec_state_dict_keys
+    from rtts.train import codec_io
+
+    h200 = PRESETS["h200"]
+    ids = write_tokenizer(tmp_path, h200.codebook_size)
+    config = DualARConfig.from_dict(config_json(ids, h200.dualar, h200.codebook_size, h200.num_codebooks))
+    with torch.device("meta"):
+        model = DualARTransformer(config, 0, 0)
+        codec = Codec(codec_io.config_from_json(h200.codec, tmp_path))
+    codec_bytes = 2 * sum(math.prod(s) for s in codec_state_dict_keys(codec.config).values())
+    model_bytes = 2 * sum(p.numel() for p in model.parameters())
+    assert model_bytes + codec_bytes + 500_000 < export.MAX_BYTES, (model_bytes, codec_bytes)
+    assert model_bytes < 16 * 2**20 - 100_000  # model.safetensors comes back from the GPU machine in one file
+    for name, p in model.named_parameters():
+        if re.search(r"attention\.(wqkv|wo)|feed_forward\.w[123]", name):
+            assert p.shape[0] % 128 == 0 and p.shape[1] % 128 == 0, (name, tuple(p.shape))
+    assert codec.config.num_codebooks == config.num_codebooks and codec.config.sample_rate == SAMPLE_RATE

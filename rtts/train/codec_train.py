@@ -19,11 +19,12 @@ from rtts.model.codec import Codec
 from rtts.train import codec_io, state
 from rtts.train.codec_losses import mel_loss, snr_db, stft_loss
 from rtts.train.dataset import Store
-from rtts.train.loop import Deadline, Log, autocast, cosine_lr, set_lr
+from rtts.train.loop import Deadline, Log, autocast, cosine_lr, fitted_total, set_lr
 from rtts.train.presets import CodecTraining
 from rtts.train.vq import CodeUsage, quantize
 
 STATE = "codec_state"
+CALIBRATION_STEPS = 30  # steps timed before a time budget fixes the run's length
 
 
 class Crops:
@@ -64,13 +65,14 @@ def train(store: Store, workdir: Path, codec_json: dict[str, Any], cfg: CodecTra
     config = codec_io.config_from_json(codec_json, workdir)
     codec = codec_io.new_codec(config, seed).to(device)
     opt = torch.optim.AdamW(codec.parameters(), lr=cfg.lr, betas=(0.8, 0.99), weight_decay=0.0)
-    step = 0
+    step, total = 0, cfg.steps
     if state.exists(workdir, STATE):
         saved = state.load(workdir, STATE, device)
         codec.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])
-        step = int(saved["step"])
-        print(f"codec: resumed at step {step}", flush=True)
+        step, total = int(saved["step"]), int(saved.get("total", cfg.steps))
+        print(f"codec: resumed at step {step} of {total}", flush=True)
+    first = step
     crops = Crops(store, device, seed + step)
     usage = CodeUsage(codec.quantizer)
     log, deadline = Log(workdir, "codec"), Deadline(minutes)
@@ -80,10 +82,14 @@ def train(store: Store, workdir: Path, codec_json: dict[str, Any], cfg: CodecTra
           flush=True)
 
     def save() -> None:
-        state.save(workdir, STATE, {"model": codec.state_dict(), "optimizer": opt.state_dict(), "step": step})
+        state.save(workdir, STATE, {"model": codec.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                                    "total": total})
 
-    while step < cfg.steps:
-        set_lr(opt, cosine_lr(step, cfg.steps, cfg.warmup, cfg.lr))
+    while step < total:
+        if step - first == CALIBRATION_STEPS and total == cfg.steps:
+            total = fitted_total(cfg.steps, step, step - first, deadline)
+            print(f"codec: {deadline.elapsed / (step - first):.3f} s per step; training {total} steps", flush=True)
+        set_lr(opt, cosine_lr(step, total, cfg.warmup, cfg.lr))
         x = crops.batch(cfg.batch, length)
         with autocast(device):
             y, vq = forward(codec, x, cfg.quantizer_dropout)
@@ -98,14 +104,14 @@ def train(store: Store, workdir: Path, codec_json: dict[str, Any], cfg: CodecTra
         usage.update(vq.codes)
         step += 1
         restarted = usage.restart(vq.encodings) if step % cfg.restart_every == 0 else None
-        if step % cfg.log_every == 0 or step == cfg.steps:
+        if step % cfg.log_every == 0 or step == total:
             log(step, loss=float(loss.detach()), mel=float(mel.detach()), stft=float(stft.detach()),
                 vq=float(vq.codebook_loss.detach()),
                 snr=snr_db(y.detach(), x), grad=float(grad), restarted=restarted if restarted is not None else -1,
                 seconds=round(deadline.elapsed, 1))
-        if step % cfg.save_every == 0 or step == cfg.steps:
+        if step % cfg.save_every == 0 or step == total:
             save()
-        if deadline.passed and step < cfg.steps:
+        if deadline.passed and step < total:
             save()
             print(f"codec: time budget reached at step {step}; rerun to resume", flush=True)
             return None

@@ -26,7 +26,7 @@ from rtts.model.prompt import PromptBuilder
 from rtts.model.tokenizer import load_tokenizer
 from rtts.train import dualar_forward as fwd
 from rtts.train import state
-from rtts.train.loop import Deadline, Log, autocast, cosine_lr, set_lr
+from rtts.train.loop import Deadline, Log, autocast, cosine_lr, fitted_total, set_lr
 from rtts.train.presets import DualARTraining, Preset
 from rtts.train.sequences import Batch, SequenceMaker, batches, collate
 from rtts.train.text import config_json, write_tokenizer
@@ -34,6 +34,7 @@ from rtts.train.tokens import Tokens
 
 STATE = "dualar_state"
 WEIGHTS = "dualar_weights"
+CALIBRATION_STEPS = 30  # steps timed before a time budget fixes the run's length
 
 
 def guided_loss(probs: list[torch.Tensor], spans: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -103,13 +104,13 @@ def train(preset: Preset, workdir: Path, cfg: DualARTraining, device: torch.devi
     model, _, ckpt = build(preset, workdir, device)
     tok = load_tokenizer(ckpt, "fish_qwen3_omni")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    step = 0
+    step, total = 0, cfg.steps
     if state.exists(workdir, STATE):
         saved = state.load(workdir, STATE, device)
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])
-        step = int(saved["step"])
-        print(f"dualar: resumed at step {step}", flush=True)
+        step, total = int(saved["step"]), int(saved.get("total", cfg.steps))
+        print(f"dualar: resumed at step {step} of {total}", flush=True)
     elif init_weights is not None:
         saved = state.load(init_weights.parent, init_weights.name, device)
         model.load_state_dict(saved["model"])
@@ -128,12 +129,17 @@ def train(preset: Preset, workdir: Path, cfg: DualARTraining, device: torch.devi
           flush=True)
 
     def save() -> None:
-        state.save(workdir, STATE, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step})
+        state.save(workdir, STATE, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                                    "total": total})
 
-    guided_end = int(cfg.guided_until * cfg.steps)
+    first = step
     model.train()
-    while step < cfg.steps:
-        set_lr(opt, cosine_lr(step, cfg.steps, cfg.warmup, cfg.lr))
+    while step < total:
+        if step - first == CALIBRATION_STEPS and total == cfg.steps:
+            total = fitted_total(cfg.steps, step, step - first, deadline)
+            print(f"dualar: {deadline.elapsed / (step - first):.3f} s per step; training {total} steps", flush=True)
+        guided_end = int(cfg.guided_until * total)
+        set_lr(opt, cosine_lr(step, total, cfg.warmup, cfg.lr))
         batch = collate(next(stream), tok.semantic_begin_id, tok.num_semantic, tok.im_end_id).to(device)
         g = cfg.guided_weight * max(0.1, 1.0 - step / max(1, guided_end))
         with autocast(device):
@@ -144,13 +150,13 @@ def train(preset: Preset, workdir: Path, cfg: DualARTraining, device: torch.devi
         grad = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        if step % cfg.log_every == 0 or step == cfg.steps:
+        if step % cfg.log_every == 0 or step == total:
             log(step, loss=float(loss.detach()), **{k: float(v.detach()) for k, v in parts.items()},
                 grad=float(grad), batch=int(batch.columns.shape[0]), positions=int(batch.columns.shape[-1]),
                 seconds=round(deadline.elapsed, 1))
-        if step % cfg.save_every == 0 or step == cfg.steps:
+        if step % cfg.save_every == 0 or step == total:
             save()
-        if deadline.passed and step < cfg.steps:
+        if deadline.passed and step < total:
             save()
             state.save(workdir, WEIGHTS, {"model": model.state_dict()})
             print(f"dualar: time budget reached at step {step}; rerun to resume", flush=True)

@@ -13,13 +13,13 @@ import re
 import shutil
 import subprocess
 import tempfile
+import wave
 from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
 
 VOICE_BINARY = "flite_cmu_us_rms"
 SAMPLE_RATE = 16000
@@ -94,7 +94,11 @@ def speak(flite: Flite, text: str, workdir: Path) -> Spoken:
                               capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"flite failed ({done.returncode}) on {text!r}: {done.stderr.strip()[:200]}")
-        audio, rate = sf.read(tmp.name, dtype="int16")
+        with wave.open(tmp.name, "rb") as w:  # the standard library's reader: the GPU image has no soundfile
+            rate, width, channels = w.getframerate(), w.getsampwidth(), w.getnchannels()
+            audio = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+    if (width, channels) != (2, 1):
+        raise RuntimeError(f"flite wrote {channels} channels of {8 * width}-bit audio, expected 16-bit mono")
     if rate != SAMPLE_RATE:
         raise RuntimeError(f"flite wrote {rate} Hz, expected {SAMPLE_RATE}")
     return Spoken(text, np.asarray(audio, dtype=np.int16), parse_psdur(done.stdout))

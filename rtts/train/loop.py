@@ -60,6 +60,17 @@ class Deadline:
         return time.monotonic() - self.start
 
 
+def fitted_total(planned: int, step: int, steps_run: int, deadline: Deadline, margin_s: float = 20.0) -> int:
+    """The step count that ends inside the deadline at the speed seen so far (`steps_run` steps in this run, now at
+    `step`), never above `planned`: the learning-rate schedule then decays fully within one GPU call instead of being
+    cut off mid-way."""
+    if deadline.minutes <= 0 or steps_run <= 0:
+        return planned
+    per_step = deadline.elapsed / steps_run
+    left = deadline.minutes * 60 - deadline.elapsed - margin_s
+    return max(step + 1, min(planned, step + int(left / per_step)))
+
+
 class Log:
     """Lines to stderr and JSON records to <workdir>/<stage>.log.jsonl (kept small: one record per log step)."""
 
