@@ -191,9 +191,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 
 def cmd_voices(args: argparse.Namespace) -> None:
-    """`rtts voices add|list|delete`: the store `rtts serve` reads (its --voices-dir default), so a voice added here
-    is a reference_id once the server starts. A clip is encoded by the codec of the checkpoint given (the one the
-    server will run: codes from another codec would be another voice)."""
+    """`rtts voices add|list|delete`: the store `rtts serve` reads (its --voices-dir default); a server already running
+    on it sees a voice added, replaced or deleted here at its next use (VoiceStore reads the disk through). A clip is
+    encoded by the codec of the checkpoint given (the one the server runs: codes from another codec would be another
+    voice)."""
     from rtts.tools.random_checkpoint import default_checkpoint_dir
     from rtts.voices import VOICE_ID, VoiceMeta, VoiceStore, reference_encoder
 
@@ -215,8 +216,10 @@ def cmd_voices(args: argparse.Namespace) -> None:
         raise ValueError("--text is empty: give the clip's exact transcript")
     codec = load_codec(resolve_checkpoint(args.checkpoint), device=resolve_device(args.device), dtype=torch.float32)
     encode = reference_encoder(codec, args.max_reference_seconds, name=args.audio)  # errors name the file
-    voice = VoiceStore(root, encode).add(args.voice_id, path.read_bytes(), args.text, VoiceMeta(title=args.title))
-    _log(f"stored voice {voice.id!r} ({voice.codes.shape[1]} frames) in {root}: send reference_id={voice.id!r}")
+    store = VoiceStore(root, encode, codebooks=codec.config.num_codebooks)
+    voice = store.add(args.voice_id, path.read_bytes(), args.text, VoiceMeta(title=args.title))
+    _log(f"stored voice {voice.id!r} ({voice.codes.shape[1]} frames) in {root}: send reference_id={voice.id!r}; "
+         "a running `rtts serve` with this --voices-dir uses it from its next session, no restart needed")
 
 
 def cmd_quantize(args: argparse.Namespace) -> None:

@@ -120,7 +120,8 @@ class Runtime:
         sched = SchedulerConfig(cuda_graphs=config.cuda_graphs, codec_graphs=config.codec_graphs,
                                 prefill_graphs=config.prefill_graphs, codec_tf32=config.codec_tf32)
         self.scheduler = Scheduler(self.engine, decode_codec(codec, config.codec_dtype), sched)
-        self.voices = VoiceStore(config.voices_dir, reference_encoder(codec, config.max_reference_seconds))
+        self.voices = VoiceStore(config.voices_dir, reference_encoder(codec, config.max_reference_seconds),
+                                 codebooks=codec.config.num_codebooks)
         self._idle: OrderedDict[object, Callable[[], None]] = OrderedDict()  # idle_stream
         self.metrics = Metrics(self)
         self.ready = False
