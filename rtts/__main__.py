@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--fp8", action="store_true",
                    help="quantize the transformer linears to block FP8 at load (a checkpoint written by `rtts "
                         "quantize` is FP8 already; dimensions must be multiples of 128)")
+    v.add_argument("--drain-grace", type=float, default=30.0, metavar="SECONDS",
+                   help="on SIGTERM, take no new sessions and give open ones this long to finish before the rest end "
+                        "with an error, then exit 0 (/v1/health answers 503 draining meanwhile; default 30)")
 
     c = sub.add_parser("codec", help="encode audio to codes or decode codes to audio")
     csub = c.add_subparsers(dest="codec_cmd", required=True)

@@ -165,6 +165,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
     prefill_rows = DEFAULT_PREFILL_ROWS if args.prefill_rows is None else args.prefill_rows
     if args.max_running < 1 or args.max_ctx < 64 or prefill_rows < 1:
         raise ValueError("--max-running and --prefill-rows must be >= 1 and --max-ctx >= 64")
+    if not args.drain_grace >= 0:  # (NaN too)
+        raise ValueError("--drain-grace must be >= 0 seconds")
     voices = args.voices_dir or str(default_checkpoint_dir().parent / "voices")
     config = ServerConfig(
         checkpoint=args.checkpoint, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
@@ -173,6 +175,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         max_reference_seconds=args.max_reference_seconds, cuda_graphs=not args.no_cuda_graphs, freeze_gc=True,
         codec_graphs=args.codec_graphs, prefill_graphs=args.prefill_graphs, codec_tf32=args.codec_tf32,
         codec_dtype=args.codec_dtype, fp8=args.fp8, exit_on_failure=True,
+        drain_grace=args.drain_grace,
     )
     if args.random_preset is None:
         serve(config)

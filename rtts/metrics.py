@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from rtts.runtime import Runtime
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
+# 0 first: the le="0.0" bucket counts the chunks that came in time, the rest how late the others were.
+_LATENESS_BUCKETS = (0.0, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -46,10 +48,27 @@ class Metrics:
         g.set_function(lambda: sch.active_streams)
         g = Gauge("rtts_free_slots", "Slots free for new streams", registry=r)
         g.set_function(lambda: sch.slots.free)
+        g = Gauge("rtts_slots", "Slots in all: streams this worker runs at once (--max-running)", registry=r)
+        g.set_function(lambda: rt.config.max_running)
+        g = Gauge("rtts_active_http_requests", "HTTP requests in progress (POST /v1/tts: until its audio is sent), "
+                  "health and metrics aside", registry=r)
+        g.set_function(lambda: rt.http_requests)
+        g = Gauge("rtts_draining", "1 while the worker drains (SIGTERM: no new sessions, open ones finish)",
+                  registry=r)
+        g.set_function(lambda: float(rt.draining))
+        self.refused = Counter("rtts_refused_sessions", "New sessions and requests refused, by reason (capacity: no "
+                               "free slot; draining: the worker is shutting down)", ["reason"], registry=r)
+        for reason in ("capacity", "draining"):
+            self.refused.labels(reason)  # exported at 0 from the start, so rate() sees the first refusal
         self.ttfa = Histogram("rtts_ttfa_seconds", "Text trigger (flush/stop/segment) to first audio message sent",
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.chunk_gap = Histogram("rtts_chunk_gap_seconds", "Time between consecutive audio messages of a turn",
                                    buckets=_LATENCY_BUCKETS, registry=r)
+        self.lateness = Histogram(
+            "rtts_chunk_lateness_seconds", "Audio chunks a playing client waits for: how long after its estimated "
+            "playback ran out each came (0: in time)", buckets=_LATENESS_BUCKETS, registry=r)
+        self.underruns = Counter("rtts_underruns", "Audio chunks that came after a playing client's estimated "
+                                 "playback had run out (lateness over 0)", registry=r)
         self.frames = Counter("rtts_frames_generated", "Codec frames of audio generated (46.4 ms each)", registry=r)
         r.register(_LiveCounter("rtts_decode_steps", "Decode steps run since start", lambda: sch.decode.stats.steps))
         self.errors = Counter("rtts_session_errors", "Sessions that ended with finish/error", registry=r)
@@ -73,7 +92,12 @@ class Metrics:
 
     def session(self) -> SessionMetrics:
         """The callbacks a session reports its latencies and frames through."""
-        return SessionMetrics(self.ttfa.observe, self.chunk_gap.observe, self.frames.inc)
+        return SessionMetrics(self.ttfa.observe, self.chunk_gap.observe, self.frames.inc, self._late)
+
+    def _late(self, seconds: float) -> None:
+        self.lateness.observe(seconds)
+        if seconds > 0:
+            self.underruns.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

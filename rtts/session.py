@@ -68,6 +68,9 @@ class SessionMetrics:
     ttfa: Callable[[float], None] = lambda s: None
     chunk_gap: Callable[[float], None] = lambda s: None
     frames: Callable[[int], None] = lambda n: None
+    # How late an audio chunk came for a client playing the session's audio (seconds after its estimated playback
+    # ran out; 0 in time). A turn whose text came after that ran out is measured by ttfa instead.
+    lateness: Callable[[float], None] = lambda s: None
 
 
 # Voice ids that client plugins send by default, naming a voice of the hosted Fish service (LiveKit's
@@ -378,6 +381,8 @@ class Session:
                 # Output time: prosody.speed shortens the audio by that factor.
                 seconds = item.pcm.size / item.sample_rate / self.spec.speed
                 turn_seconds += seconds
+                if timing.t_trigger < self._play_end:  # its text came before the audio sent runs out: it plays on
+                    self.metrics.lateness(max(0.0, time.perf_counter() - self._play_end))
                 self._played(seconds)
                 self._chunk = _Chunk(seq, start_s, text, turn_seconds, turn_seconds)
                 await self._emit(self.rechunker.push(encoded), content=text, timing=timing)

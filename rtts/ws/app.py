@@ -10,13 +10,15 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
-from starlette.websockets import WebSocket
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketState
 
-from rtts.runtime import Runtime
+from rtts.runtime import DRAINING_MESSAGE, Runtime
 from rtts.ws import http, models_api, openai_api
 from rtts.ws.live import Connection
 from rtts.ws.protocol import error_json
@@ -34,6 +36,26 @@ def by_method(**handlers: Endpoint) -> Endpoint:
         return await handlers[method](request)
 
     return endpoint
+
+
+class CountRequests:
+    """Runtime.http_requests: HTTP requests in progress until their response is sent (a /v1/tts body streams its
+    audio), health checks and scrapes aside. A drain waits for them."""
+
+    PROBES = frozenset({"/v1/health", "/metrics"})
+
+    def __init__(self, app: ASGIApp, rt: Runtime) -> None:
+        self.app, self.rt = app, rt
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.PROBES:
+            await self.app(scope, receive, send)
+            return
+        self.rt.http_requests += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.rt.http_requests -= 1
 
 
 def web_dir() -> Path | None:
@@ -66,6 +88,10 @@ def create_app(rt: Runtime) -> Starlette:
         if not rt.ready:
             await ws.send_denial_response(JSONResponse(error_json(503, "server is starting"), 503))
             return
+        if rt.draining:  # refused before the upgrade: a balancer may retry the connection on another worker
+            rt.metrics.refused.labels("draining").inc()
+            await ws.send_denial_response(JSONResponse(error_json(503, DRAINING_MESSAGE), 503))
+            return
         await ws.accept()
         conn = Connection(ws, rt, timestamps)
         connections.add(conn)
@@ -97,6 +123,16 @@ def create_app(rt: Runtime) -> Starlette:
     async def shutdown_sessions() -> None:
         """Every open session gets finish/error, then its socket closes (before uvicorn drops connections)."""
         await asyncio.gather(*(c.shutdown() for c in list(connections)), return_exceptions=True)
+
+    def sessions_in_flight() -> int:
+        """Sessions a drain waits for: live sockets' (Connection.busy) and HTTP requests in progress."""
+        return sum(c.busy for c in connections) + rt.http_requests
+
+    async def close_quiet() -> None:
+        """While draining: close (1001) the sockets that run no session, so that a client's next session goes to a
+        worker that serves it instead of meeting a refusal here."""
+        quiet = [c for c in connections if not c.busy and c.ws.application_state is WebSocketState.CONNECTED]
+        await asyncio.gather(*(c.shutdown() for c in quiet), return_exceptions=True)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -142,7 +178,10 @@ def create_app(rt: Runtime) -> Starlette:
         response.headers.update(exc.headers or {})  # a 405's Allow
         return response
 
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error},
+                    middleware=[Middleware(CountRequests, rt=rt)])
     app.state.rt = rt
     app.state.shutdown_sessions = shutdown_sessions
+    app.state.sessions_in_flight = sessions_in_flight
+    app.state.close_quiet = close_quiet
     return app

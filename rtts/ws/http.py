@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from rtts.audio.encode import AudioFormatError
 from rtts.pingpong import NoSlotError, WorkerFailed
-from rtts.runtime import Runtime
+from rtts.runtime import DRAINING_MESSAGE, Runtime
 from rtts.session import Session, SessionError, output_spec, resolve_references
 from rtts.voices import VoiceError
 from rtts.ws.parse import ProtocolError
@@ -100,6 +100,9 @@ async def tts(request: Request) -> Response:
     rt: Runtime = request.app.state.rt
     if not authorized(rt, request.headers):
         return json_error(401, "invalid or missing API key (Authorization: Bearer <key>)")
+    if rt.draining:  # before reading the body: a balancer may retry the request on another worker
+        rt.metrics.refused.labels("draining").inc()
+        return json_error(503, DRAINING_MESSAGE)
     try:
         body = await read_body(request, rt.config.limits.max_message_bytes)
     except BodyTooLarge:
@@ -117,6 +120,7 @@ async def tts(request: Request) -> Response:
     except (AudioFormatError, SessionError, VoiceError, ValueError) as e:
         return json_error(400, str(e))
     except NoSlotError:
+        rt.metrics.refused.labels("capacity").inc()
         return json_error(503, f"too many concurrent requests (limit {rt.config.max_running}); retry later")
     except WorkerFailed as e:  # (the process is about to exit: a supervisor restarts it)
         return json_error(503, f"server failed ({e}); retry on a restarted server")
@@ -246,8 +250,12 @@ async def references_delete(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
+    """Readiness: 200 only while new sessions are served. `?live=1`: liveness, 200 while the process can still
+    synthesize, draining included (a liveness probe must not kill a worker finishing its sessions)."""
     rt: Runtime = request.app.state.rt
     code, state = rt.health()
+    if request.query_params.get("live", "") not in ("", "0", "false") and rt.failure is None:
+        return JSONResponse({"status": state})
     if code != 200:
         body: dict[str, object] = {"status": state}
         if rt.failure is not None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketDisconnected
 
 from rtts.pingpong import NoSlotError, StreamHandle, WorkerFailed
-from rtts.runtime import Runtime
+from rtts.runtime import DRAINING_MESSAGE, Runtime
 from rtts.session import (
     ClientGone,
     Session,
@@ -105,6 +105,14 @@ class Connection:
         self._send_lock = asyncio.Lock()
         # The client is gone: whichever task's send finds it first, whatever the state (the receive loop then ends).
         self.closed = False
+        self._opening = False  # a start is resolving its voice or waiting for a slot (_start)
+
+    @property
+    def busy(self) -> bool:
+        """A session runs on this socket or is about to (being opened, or a start waiting for the last one's end):
+        a drain waits for it; a socket that is not busy has nothing to finish."""
+        running = self.session is not None and not self.session.done.is_set()
+        return running or self._opening or self.state is State.STARTING
 
     # ------------------------------------------------------------------ sending
 
@@ -363,6 +371,20 @@ class Connection:
         return True
 
     async def _start(self, ev: StartEvent) -> None:
+        """_open_session, unless the server drains: a start then gets finish/error (REFUSED), and the drain closes
+        the socket, so that the client's next connection reaches a worker that serves it."""
+        if self.rt.draining:
+            self.rt.metrics.refused.labels("draining").inc()
+            await self.error(DRAINING_MESSAGE)
+            self.state = State.REFUSED
+            return
+        self._opening = True
+        try:
+            await self._open_session(ev)
+        finally:
+            self._opening = False
+
+    async def _open_session(self, ev: StartEvent) -> None:
         """IDLE → ACTIVE; or ENDED when no slot is free (a client that goes on sending text, like Pipecat, gets the
         session at a flush once one is), REFUSED when the request cannot be served."""
         self.rt.idle_stream(self, None)  # in use again (or about to be replaced): not to be taken back
@@ -387,6 +409,7 @@ class Connection:
             )
         except NoSlotError:
             self._idle()  # a stream kept for the same voice is idle again
+            self.rt.metrics.refused.labels("capacity").inc()
             await self.error(f"too many concurrent sessions (limit {self.rt.config.max_running}); retry later")
             self.state, self.resume = State.ENDED, _Resume(ev)
             return
