@@ -217,6 +217,10 @@ def test_pipeline_through_export_and_the_server_loaders(tmp_path: Path) -> None:
                                                "codec_config.json"}
     lm = load_model(out, device="cpu", dtype=torch.float32)
     codec = load_codec(out)
+    saved = state.load(work, dualar_train.WEIGHTS)["model"]
+    again = dualar_train.initial_weights(out, dev)  # a later GPU call continues from the exported bf16 weights
+    assert again.keys() == saved.keys()
+    assert all(torch.equal(again[k], saved[k].to(torch.bfloat16).float()) for k in saved)
     assert codec.config.sample_rate == SAMPLE_RATE and lm.config.num_codebooks == codec.config.num_codebooks
     engine = Engine(lm, max_slots=1, max_ctx=512)
     synth = Synthesizer(engine)

@@ -101,6 +101,8 @@ def cmd_dualar(args: argparse.Namespace) -> None:
     _threads(args)
     preset = PRESETS[args.preset]
     cfg = preset.dualar_training if args.steps is None else _replace(preset.dualar_training, steps=args.steps)
+    if args.lr is not None:
+        cfg = _replace(cfg, lr=args.lr)
     init = Path(args.init_weights) if args.init_weights else None
     out = dualar_train.train(preset, _workdir(args), cfg, pick_device(args.device), minutes=args.minutes,
                              init_weights=init)
@@ -168,7 +170,9 @@ def main(argv: list[str] | None = None) -> None:
         sp.add_argument("--minutes", type=float, default=0.0, help="stop (saving state) after this long; 0: no limit")
         if name == "dualar":
             sp.add_argument("--init-weights", default=None,
-                            help="start from these weights (WORKDIR/dualar_weights of an earlier run), new optimizer")
+                            help="start from these weights, with a new optimizer: an exported checkpoint folder or "
+                                 "WORKDIR/dualar_weights of an earlier run")
+            sp.add_argument("--lr", type=float, default=None, help="override the preset's peak learning rate")
     sp = stage("evaluate", cmd_evaluate, "Whisper WER/CER of the source voice (and of a served checkpoint)")
     sp.add_argument("--sentences", default=None, help="default: train/heldout.txt")
     sp.add_argument("--count", type=int, default=50)

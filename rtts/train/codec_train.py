@@ -60,8 +60,12 @@ def forward(codec: Codec, x: torch.Tensor, dropout: float) -> tuple[torch.Tensor
 
 def train(store: Store, workdir: Path, codec_json: dict[str, Any], cfg: CodecTraining, device: torch.device,
           minutes: float = 0.0, seed: int = 0) -> Path | None:
-    """Train (or resume) until cfg.steps; -> the codec folder when finished, None when the budget ran out first."""
+    """Train (or resume) until cfg.steps (or what fits the time budget); -> the codec folder when finished, None when
+    the budget ran out first (the state is saved and the codec so far written)."""
     torch.manual_seed(seed)
+    if device.type == "cuda":  # fixed crop shapes: let cuDNN pick its fastest convolutions once
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     config = codec_io.config_from_json(codec_json, workdir)
     codec = codec_io.new_codec(config, seed).to(device)
     opt = torch.optim.AdamW(codec.parameters(), lr=cfg.lr, betas=(0.8, 0.99), weight_decay=0.0)
@@ -113,7 +117,15 @@ def train(store: Store, workdir: Path, codec_json: dict[str, Any], cfg: CodecTra
             save()
         if deadline.passed and step < total:
             save()
+            write(codec, workdir, codec_json)  # usable as it is; a rerun resumes and overwrites it
             print(f"codec: time budget reached at step {step}; rerun to resume", flush=True)
             return None
-    codec.eval().requires_grad_(False)
-    return codec_io.write_codec(codec.cpu(), workdir / "codec", codec_json).parent
+    return write(codec, workdir, codec_json)
+
+
+def write(codec: Codec, workdir: Path, codec_json: dict[str, Any]) -> Path:
+    """The codec as the server reads it (a copy: training may go on with the original)."""
+    import copy
+
+    frozen = copy.deepcopy(codec).cpu().eval().requires_grad_(False)
+    return codec_io.write_codec(frozen, workdir / "codec", codec_json).parent

@@ -82,6 +82,18 @@ def losses(model: DualARTransformer, batch: Batch, main_ids: torch.Tensor, cfg: 
     return result
 
 
+def initial_weights(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
+    """Weights to continue from: an exported checkpoint folder (its model.safetensors, read by the server's loader)
+    or a state saved by this stage (WORKDIR/dualar_weights)."""
+    if path.is_dir():
+        from rtts.model.loading import load_model
+
+        loaded = load_model(path, device=device, dtype=torch.float32)
+        return {k: v.float() for k, v in loaded.model.state_dict().items()}
+    weights: dict[str, torch.Tensor] = state.load(path.parent, path.name, device)["model"]
+    return weights
+
+
 def build(preset: Preset, workdir: Path, device: torch.device) -> tuple[DualARTransformer, dict[str, Any], Path]:
     """Tokenizer + config (written to workdir/dualar/checkpoint) and a freshly initialized model."""
     ckpt = workdir / "dualar" / "checkpoint"
@@ -112,8 +124,7 @@ def train(preset: Preset, workdir: Path, cfg: DualARTraining, device: torch.devi
         step, total = int(saved["step"]), int(saved.get("total", cfg.steps))
         print(f"dualar: resumed at step {step} of {total}", flush=True)
     elif init_weights is not None:
-        saved = state.load(init_weights.parent, init_weights.name, device)
-        model.load_state_dict(saved["model"])
+        model.load_state_dict(initial_weights(init_weights, device))
         print(f"dualar: starting from the weights in {init_weights}", flush=True)
     tokens = Tokens.load(workdir / "tokens")
     if tokens.codes.shape[0] != model.config.num_codebooks:
