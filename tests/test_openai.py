@@ -7,11 +7,13 @@ import base64
 import io
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import openai
+import psutil
 import pytest
 import soundfile as sf
 from conftest import REF_TEXT, metric
@@ -156,7 +158,8 @@ def test_errors(srv: LiveServer, client: openai.OpenAI) -> None:
         for w in words:
             assert w in body["message"], body
 
-    refused(openai.BadRequestError, "voice", "'alloy'", "default", voice="alloy")
+    refused(openai.BadRequestError, "voice", "'alloy'", "built-in", "'default'", "rtts voices add alloy", voice="alloy")
+    refused(openai.BadRequestError, "voice", "'nobody' is a voice id this server does not have", voice="nobody")
     refused(openai.BadRequestError, "response_format", "mp3, opus, aac, flac, wav, pcm", response_format="ogg")
     refused(openai.BadRequestError, "speed", "[0.25, 4]", speed=5.0)
     refused(openai.BadRequestError, "input", "empty", input="  ")
@@ -190,3 +193,29 @@ def test_api_key(golden: object, tmp_path_factory: pytest.TempPathFactory) -> No
                                             extra_body=SHORT).read()) > 44
     finally:
         s.stop()
+
+
+def _ffmpeg_children() -> list[int]:
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "ffmpeg" in p.name() and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p.pid)
+        except psutil.NoSuchProcess:  # (ended while listed)
+            pass
+    return found
+
+
+@pytest.mark.parametrize("fmt", ["pcm", "aac"])
+def test_a_client_that_leaves_mid_stream_frees_everything(srv: LiveServer, fmt: str) -> None:
+    """Its slot goes back, and an AAC response's ffmpeg process ends."""
+    request = {"model": "tts-1", "voice": "default", "input": SENTENCES, "response_format": fmt}
+    with httpx.stream("POST", srv.http + "/v1/audio/speech", json=request, timeout=60) as r:
+        assert r.status_code == 200
+        next(r.iter_raw())
+        assert len(_ffmpeg_children()) == (fmt == "aac")
+    srv.wait_idle(timeout=30)
+    deadline = time.monotonic() + 30
+    while _ffmpeg_children():
+        assert time.monotonic() < deadline, "the AAC encoder's ffmpeg is still running"
+        time.sleep(0.05)

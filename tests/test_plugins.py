@@ -10,8 +10,9 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import aiohttp
+import httpx
 import pytest
-from conftest import metric
+from conftest import REF_TEXT, metric
 from livekit.agents import APIConnectOptions, APIStatusError
 from livekit.plugins import fishaudio
 from liveserver import LiveServer
@@ -20,6 +21,7 @@ from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.services.fish.tts import FishAudioTTSService
+from pipecat.services.openai.tts import OpenAITTSService
 from pipecat.workers.runner import WorkerRunner
 
 FRAME_SECONDS = 2048 / 44100  # one codec frame of the tiny checkpoint's codec
@@ -62,7 +64,7 @@ def test_livekit_synthesize_over_http(srv: LiveServer) -> None:
     srv.wait_idle()
 
 
-@pytest.mark.parametrize("fmt,rate", [("wav", 24000), ("pcm", 16000), ("opus", 48000)])
+@pytest.mark.parametrize("fmt,rate", [("wav", 24000), ("pcm", 16000), ("opus", 48000), ("mp3", 32000)])
 def test_livekit_stream_over_the_websocket(srv: LiveServer, fmt: str, rate: int) -> None:
     """`TTS.stream`: text pushed in pieces, one flush per sentence on the live WebSocket, one segment of frames."""
 
@@ -81,9 +83,10 @@ def test_livekit_stream_over_the_websocket(srv: LiveServer, fmt: str, rate: int)
     assert len({ev.segment_id for ev in events}) == 1 and events[-1].is_final
     seconds = sum(f.samples_per_channel for f in frames) / rate
     expected = generated(srv) - before
-    if fmt == "opus":
+    if fmt in ("opus", "mp3"):
         # LiveKit's streaming Ogg decoder yields one 20 ms Opus frame less than the stream holds (PyAV and libsndfile
-        # decode all of it); a sentence's held end may come out with the silence that releases it.
+        # decode all of it); MP3 adds the encoder's delay; a sentence's held end may come out with the silence that
+        # releases it.
         assert expected - 0.025 <= seconds <= expected + 0.5, (seconds, expected)
     else:
         assert expected - 0.005 <= seconds <= expected + 2 * PAD_SECONDS + 0.005, (seconds, expected)
@@ -158,4 +161,35 @@ def test_pipecat_fish_service_in_a_pipeline(srv: LiveServer) -> None:
     seconds = sum(len(f.audio) for f in frames) / 2 / 24000
     expected = generated(srv) - before
     assert expected - 0.005 <= seconds <= expected + 2 * PAD_SECONDS + 0.005, (seconds, expected)
+    srv.wait_idle()
+
+
+def test_pipecat_openai_service_in_a_pipeline(srv: LiveServer, ref_wav: bytes) -> None:
+    """Pipecat's OpenAITTSService (the `openai` client with its base_url) on POST /v1/audio/speech. It allows only
+    OpenAI's voice names, so the voice is stored under one; it reads raw pcm as 24 kHz, which rtts sends."""
+    r = httpx.post(srv.http + "/v1/references/add", files={"audio": ("a.wav", ref_wav, "audio/wav")},
+                   data={"id": "alloy", "text": REF_TEXT})
+    assert r.status_code == 200, r.text
+
+    async def run() -> Collect:
+        tts = OpenAITTSService(api_key="local", base_url=srv.http + "/v1", settings=OpenAITTSService.Settings(
+            voice="alloy"))
+        collect = Collect()
+        worker = PipelineWorker(Pipeline([tts, collect]))
+        runner = WorkerRunner(handle_sigint=False)
+        await runner.add_workers(worker)
+        running = asyncio.create_task(runner.run())
+        await worker.queue_frame(TTSSpeakFrame("Good morning."))  # (a short turn of the tiny model in this voice)
+        await collect.stopped.wait()
+        await worker.queue_frame(EndFrame())
+        await running
+        return collect
+
+    before = generated(srv)
+    collect = asyncio.run(asyncio.wait_for(run(), WAIT))
+    assert not collect.errors, collect.errors
+    frames = collect.audio
+    assert frames and {(f.sample_rate, f.num_channels) for f in frames} == {(24000, 1)}
+    seconds = sum(len(f.audio) for f in frames) / 2 / 24000
+    assert seconds == pytest.approx(generated(srv) - before, abs=0.005)
     srv.wait_idle()

@@ -39,6 +39,9 @@ from rtts.ws.parse import ProtocolError, describe, parse_request
 log = logging.getLogger("rtts.openai")
 
 DEFAULT_VOICE = "default"
+# The hosted API's own voices. Some clients allow only these names (Pipecat's OpenAI service): store voices under them.
+OPENAI_VOICES = frozenset({"alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer",
+                           "verse", "marin", "cedar"})
 STREAM_FORMATS = ("audio", "sse")
 # Fields of the Fish request a speech request may add (rtts extensions; the `openai` client sends them in extra_body).
 FISH_FIELDS = ("latency", "temperature", "top_p", "top_k", "seed", "max_new_tokens", "repetition_penalty",
@@ -149,6 +152,13 @@ def parse_speech(obj: Any, limits: Limits) -> SpeechRequest:
                          stream_format=_choice(obj, "stream_format", STREAM_FORMATS), sample_rate=int(rate), tts=tts)
 
 
+def _unknown_voice(voice: str) -> str:
+    what = "one of OpenAI's built-in voices, which" if voice.lower() in OPENAI_VOICES else "a voice id"
+    return (f"voice {voice!r} is {what} this server does not have: use {DEFAULT_VOICE!r} for the model's own voice or "
+            f"a stored voice's id (GET /v1/references/list), or store one under this id (rtts voices add {voice} "
+            "clip.wav --text ...)")
+
+
 # ------------------------------------------------------------------------------------------------------------ routes
 
 
@@ -198,9 +208,7 @@ async def speech(request: Request) -> Response:
             try:
                 rt.voices.get(sreq.voice)
             except VoiceError:
-                raise SpeechRequestError(
-                    f"voice {sreq.voice!r} is not a stored voice on this server: use {DEFAULT_VOICE!r} for the model's "
-                    "own voice, or the id of a stored voice (GET /v1/references/list)", "voice") from None
+                raise SpeechRequestError(_unknown_voice(sreq.voice), "voice") from None
         # The session speaks 16-bit PCM at the model's rate; the SpeechEncoder makes the requested format from it.
         req = sreq.tts
         spec = output_spec(req)
