@@ -28,9 +28,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from rtts.audio import ffmpeg
 from rtts.audio.transcode import DEFAULT_RATE, FORMATS, RATES, SPEED_RANGE, SpeechEncoder
-from rtts.pingpong import NoSlotError
+from rtts.model.prompt import Reference
+from rtts.pingpong import NoSlotError, WorkerFailed
 from rtts.request import Limits, TTSRequest
-from rtts.runtime import Runtime
+from rtts.runtime import DRAINING_MESSAGE, Runtime
 from rtts.session import Session, SessionError, output_spec, resolve_references
 from rtts.voices import VoiceError
 from rtts.ws.http import BodyTooLarge, SynthesisFailed, authorized, read_body
@@ -195,7 +196,8 @@ async def speech(request: Request) -> Response:
     if not authorized(rt, request.headers):
         return _unauthorized()
     if rt.draining:  # before reading the body: a balancer may retry the request on another worker
-        return openai_error(503, "server is draining (shutting down) and takes no new requests; retry")
+        rt.metrics.refused.labels("draining").inc()
+        return openai_error(503, DRAINING_MESSAGE)
     limit = rt.config.limits.max_message_bytes
     try:
         body = await read_body(request, limit)
@@ -222,7 +224,8 @@ async def speech(request: Request) -> Response:
     return await _synthesize(rt, sreq, req, spec.rate, refs)
 
 
-async def _synthesize(rt: Runtime, sreq: SpeechRequest, req: TTSRequest, pcm_rate: int, refs: list[Any]) -> Response:
+async def _synthesize(rt: Runtime, sreq: SpeechRequest, req: TTSRequest, pcm_rate: int,
+                      refs: list[Reference]) -> Response:
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
     failure: list[str] = []
     encoder = SpeechEncoder(sreq.response_format, sreq.sample_rate, sreq.speed, pcm_rate, queue.put)
@@ -234,7 +237,11 @@ async def _synthesize(rt: Runtime, sreq: SpeechRequest, req: TTSRequest, pcm_rat
         handle = await rt.open_stream(refs)
     except NoSlotError:
         encoder.abort()
+        rt.metrics.refused.labels("capacity").inc()
         return openai_error(503, f"too many concurrent requests (limit {rt.config.max_running}); retry later")
+    except WorkerFailed as e:  # (the process is about to exit: a supervisor restarts it)
+        encoder.abort()
+        return openai_error(503, f"server failed ({e}); retry on a restarted server")
 
     async def on_audio(audio: bytes, extra: dict[str, object]) -> None:
         pcm = np.frombuffer(audio, dtype="<i2").astype(np.float32) / np.float32(32767.0)  # float_to_s16's scale
