@@ -158,18 +158,22 @@ def test_sequences_use_the_server_layout_and_supervise_the_stop(tmp_path: Path) 
     toks = _toy_tokens(3, model.config.num_codebooks)
     maker = SequenceMaker(builder, toks)
     ex = maker.example([0, 1])
+    cols = maker.columns(ex)
     codes = [torch.from_numpy(toks.utterance(i).astype(np.int64)) for i in (0, 1)]
     expected = builder.conversation([], [(toks.texts[0], codes[0]), (toks.texts[1], codes[1])])
-    assert torch.equal(ex.columns[:, :-1], expected)  # exactly what the server prefills, then the stop token
-    assert int(ex.columns[0, -1]) == tok.im_end_id
-    batch = collate([ex, maker.example([2])], tok.semantic_begin_id, tok.num_semantic, tok.im_end_id)
-    tgt = batch.main_target[0]
+    assert torch.equal(cols[:, :-1], expected)  # exactly what the server prefills, then the stop token
+    assert int(cols[0, -1]) == tok.im_end_id
+    batch = collate(maker, [maker.example([2]), ex])
+    assert torch.equal(batch.columns[1], cols) and torch.equal(batch.columns[0, :, :maker.example([2]).length],
+                                                               maker.columns(maker.example([2])))
+    tgt = batch.main_target[1]
     eos = (tgt == tok.num_semantic).nonzero().flatten().tolist()
     assert len(eos) == 2  # each turn's last frame predicts <|im_end|>
-    assert int(batch.frame_mask[0].sum()) == toks.frames[0] + toks.frames[1]
-    for ts, te, qs, qe in ex.spans:
-        assert tok.decode(ex.columns[0, ts:te].tolist()) == tok.decode(tok.encode(toks.texts[0 if ts < eos[0] else 1]))
-        assert int(ex.columns[0, qs]) == tok.voice_id and qe - 1 in eos  # queries: <|voice|> .. the stopping frame
+    assert int(batch.frame_mask[1].sum()) == toks.frames[0] + toks.frames[1]
+    assert int(batch.frame_mask[0].sum()) == toks.frames[2]  # the padding of the shorter example predicts nothing
+    for k, (ts, te, qs, qe) in enumerate(ex.spans):
+        assert tok.decode(cols[0, ts:te].tolist()) == tok.decode(tok.encode(toks.texts[k]))
+        assert int(cols[0, qs]) == tok.voice_id and qe - 1 == eos[k]  # queries: <|voice|> .. the stopping frame
 
 
 # ---------------------------------------------------------------------------------------------------- pipeline

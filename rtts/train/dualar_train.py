@@ -28,7 +28,7 @@ from rtts.train import dualar_forward as fwd
 from rtts.train import state
 from rtts.train.loop import Deadline, Log, autocast, cosine_lr, fitted_total, set_lr
 from rtts.train.presets import DualARTraining, Preset
-from rtts.train.sequences import Batch, SequenceMaker, batches, collate
+from rtts.train.sequences import Batch, SequenceMaker, batches, prefetched
 from rtts.train.text import config_json, write_tokenizer
 from rtts.train.tokens import Tokens
 
@@ -133,7 +133,7 @@ def train(preset: Preset, workdir: Path, cfg: DualARTraining, device: torch.devi
     maker = SequenceMaker(builder, tokens)
     main_ids = torch.cat([torch.arange(tok.semantic_begin_id, tok.semantic_end_id + 1), torch.tensor([tok.im_end_id])])
     main_ids = main_ids.to(device)
-    stream = batches(maker, cfg.batch_positions, cfg.max_frames, cfg.multi_turn, seed + step)
+    stream = prefetched(maker, batches(maker, cfg.batch_positions, cfg.max_frames, cfg.multi_turn, seed + step))
     log, deadline = Log(workdir, "dualar"), Deadline(minutes)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"dualar: {n_params / 1e6:.2f} M parameters, {len(tokens.texts)} utterances, step {step}/{cfg.steps}",
@@ -151,7 +151,7 @@ def train(preset: Preset, workdir: Path, cfg: DualARTraining, device: torch.devi
             print(f"dualar: {deadline.elapsed / (step - first):.3f} s per step; training {total} steps", flush=True)
         guided_end = int(cfg.guided_until * total)
         set_lr(opt, cosine_lr(step, total, cfg.warmup, cfg.lr))
-        batch = collate(next(stream), tok.semantic_begin_id, tok.num_semantic, tok.im_end_id).to(device)
+        batch = next(stream).to(device)
         g = cfg.guided_weight * max(0.1, 1.0 - step / max(1, guided_end))
         with autocast(device):
             parts = losses(model, batch, main_ids, cfg, guided=cfg.guided_weight > 0)
