@@ -157,10 +157,10 @@ def test_sequences_use_the_server_layout_and_supervise_the_stop(tmp_path: Path) 
     builder = PromptBuilder(tok, model.config.num_codebooks, "s2", model.config.codebook_size)
     toks = _toy_tokens(3, model.config.num_codebooks)
     maker = SequenceMaker(builder, toks)
-    ex = maker.example([0, 1])
+    ex = maker.example([0, 1, 2])  # a live session's third sentence, conditioned on the first two
     cols = maker.columns(ex)
-    codes = [torch.from_numpy(toks.utterance(i).astype(np.int64)) for i in (0, 1)]
-    expected = builder.conversation([], [(toks.texts[0], codes[0]), (toks.texts[1], codes[1])])
+    codes = [torch.from_numpy(toks.utterance(i).astype(np.int64)) for i in (0, 1, 2)]
+    expected = builder.conversation([], [(toks.texts[i], codes[i]) for i in (0, 1, 2)])
     assert torch.equal(cols[:, :-1], expected)  # exactly what the server prefills, then the stop token
     assert int(cols[0, -1]) == tok.im_end_id
     batch = collate(maker, [maker.example([2]), ex])
@@ -168,8 +168,8 @@ def test_sequences_use_the_server_layout_and_supervise_the_stop(tmp_path: Path) 
                                                                maker.columns(maker.example([2])))
     tgt = batch.main_target[1]
     eos = (tgt == tok.num_semantic).nonzero().flatten().tolist()
-    assert len(eos) == 2  # each turn's last frame predicts <|im_end|>
-    assert int(batch.frame_mask[1].sum()) == toks.frames[0] + toks.frames[1]
+    assert len(eos) == 3  # each turn's last frame predicts <|im_end|>
+    assert int(batch.frame_mask[1].sum()) == toks.frames.sum()
     assert int(batch.frame_mask[0].sum()) == toks.frames[2]  # the padding of the shorter example predicts nothing
     for k, (ts, te, qs, qe) in enumerate(ex.spans):
         assert tok.decode(cols[0, ts:te].tolist()) == tok.decode(tok.encode(toks.texts[k]))

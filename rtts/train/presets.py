@@ -78,7 +78,7 @@ class DualARTraining:
     lr: float = 1e-3
     warmup: int = 300
     dropout_text: float = 0.0
-    multi_turn: float = 0.3  # share of sequences that hold two turns (the live session's conversation layout)
+    multi_turn: float = 0.4  # share of sequences with 2-3 turns (a live session's conversation layout)
     max_frames: int = 300  # utterances longer than this (12 s) are not trained on
     guided_weight: float = 10.0
     guided_sigma: float = 0.25

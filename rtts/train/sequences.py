@@ -30,7 +30,7 @@ import torch
 from rtts.model.prompt import PromptBuilder
 from rtts.train.tokens import Tokens
 
-MAX_TURNS = 2
+MAX_TURNS = 3  # a live session conditions each sentence on the ones before it (condition_on_previous_chunks)
 LAYOUT_CHECKS = 32  # utterances whose turns are compared with PromptBuilder.turn itself
 
 
@@ -131,7 +131,10 @@ def collate(maker: SequenceMaker, examples: list[Example]) -> Batch:
 
 def batches(maker: SequenceMaker, batch_positions: int, max_frames: int, multi_turn: float, seed: int,
             pool_batches: int = 32) -> Iterator[list[Example]]:
-    """Endless batches of similar-length examples, at most `batch_positions` padded positions each."""
+    """Endless batches of similar-length examples, at most `batch_positions` padded positions each.
+
+    A share `multi_turn` of the examples holds two turns and half of those three, as long as all their frames stay
+    within 1.5 x max_frames (one utterance: max_frames)."""
     rng = np.random.default_rng(seed)
     frames = maker.tokens.frames
     usable = np.flatnonzero((frames > 0) & (frames <= max_frames))
@@ -139,12 +142,17 @@ def batches(maker: SequenceMaker, batch_positions: int, max_frames: int, multi_t
         raise ValueError(f"no utterance has 1..{max_frames} frames")
     while True:
         size = pool_batches * max(1, batch_positions // (int(frames[usable].mean()) + 80))
-        first = usable[rng.integers(0, usable.size, size)]
-        second = usable[rng.integers(0, usable.size, size)]
-        # A second turn where it is drawn and the two still fit the frame cap.
-        two = (rng.random(size) < multi_turn) & (frames[first] + frames[second] <= max_frames)
-        pool = [maker.example([int(a), int(b)] if t else [int(a)])
-                for a, b, t in zip(first.tolist(), second.tolist(), two.tolist())]
+        picks = usable[rng.integers(0, usable.size, (size, MAX_TURNS))]
+        draw = rng.random(size)
+        turns = 1 + (draw < multi_turn) + (draw < multi_turn / 2)  # 1, 2 or 3 turns
+        cap = int(1.5 * max_frames)
+        cum = np.cumsum(frames[picks], axis=1)  # frames of the first 1, 2, 3 turns
+        while True:  # drop a turn from examples over the cap until all fit
+            over = (cum[np.arange(size), turns - 1] > cap) & (turns > 1)
+            if not over.any():
+                break
+            turns = turns - over
+        pool = [maker.example([int(i) for i in row[:n]]) for row, n in zip(picks, turns)]
         pool.sort(key=lambda e: e.length)
         groups: list[list[Example]] = []
         current: list[Example] = []
