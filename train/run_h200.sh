@@ -11,6 +11,9 @@
 #   call3 OUT   optional: more DualAR steps from call2's weights (new optimizer, lower peak LR) -> export
 #               carry: train/work/h200/codec train/work/h200/tokens train/work/h200/ckpt
 #
+# Estimates (FLOPs counted on the h200 sizes, docs/demo_voice.md): data ~2 min on 16 cores; codec ~8 min of work at
+# 25 TFLOP/s, fitted to the ~6 min call1 leaves; tokens < 0.5 min; DualAR ~4.5 min at 50 TFLOP/s, fitted to ~8.5 min.
+#
 # BUDGET_S (default 560) is the whole command's wall time; every stage is given what is left, and the training
 # stages fit their step counts (and learning-rate schedules) to it after 30 timed steps. Each stage also saves a
 # resumable state (train/work/h200/*_state.*) every few hundred steps and at its deadline.
