@@ -64,3 +64,9 @@ class Limits:
     max_session_text_chars: int = 100_000  # a session's text not yet spoken, and an HTTP request's text
     max_references: int = 8  # inline references after flattening; also caps reference_id lists
     max_reference_bytes: int = 20 << 20  # one reference's audio
+    # A client that reads slower than the server generates: the audio a session holds generated and not yet taken by
+    # its socket (float32 at the model's rate: 120 s is 21 MB at 44.1 kHz). Past it the session ends with an error.
+    max_unsent_audio_seconds: float = 120.0
+    # A client that stopped reading: its socket accepted none of one message for this long (its own buffers and the
+    # kernel's are full). The session ends with an error and its slot is released.
+    send_timeout_seconds: float = 30.0

@@ -26,7 +26,7 @@ from rtts.audio.encode import OutputSpec, Rechunker, StreamEncoder, message_byte
 from rtts.model.prompt import Reference
 from rtts.pingpong import AudioChunk, StreamHandle, TurnEnd
 from rtts.pingpong.outbox import Outbox
-from rtts.request import TTSRequest
+from rtts.request import Limits, TTSRequest
 from rtts.segmenter import Segmenter
 from rtts.types import FinishReason, SamplingParams
 from rtts.voices import Voice, VoiceError, VoiceStore
@@ -187,9 +187,12 @@ class Session:
         fresh_first_turn: bool = False,
         metrics: SessionMetrics | None = None,
         pad_last_message: bool = True,
+        max_unsent_seconds: float = Limits.max_unsent_audio_seconds,
     ) -> None:
         """pad_last_message: lift a turn's short last pcm / wav message over Pipecat's floor with silence
-        (StreamEncoder.last_message_pad); off for HTTP, whose body has no message boundaries."""
+        (StreamEncoder.last_message_pad); off for HTTP, whose body has no message boundaries.
+        max_unsent_seconds: the audio the session may hold generated and not yet sent (a client reading slower
+        than it is generated); past it the session ends with an error (Limits.max_unsent_audio_seconds)."""
         self.req = request
         self.handle = handle
         self.on_audio, self.on_finish = on_audio, on_finish
@@ -205,6 +208,8 @@ class Session:
         self.metrics = metrics or SessionMetrics()
         self._fresh = fresh_first_turn
         self._turns: asyncio.Queue[tuple[Outbox, str, _Timing] | None] = asyncio.Queue()
+        self._outboxes: deque[Outbox] = deque()  # the submitted turns' outboxes not streamed out yet, oldest first
+        self.max_unsent_seconds = max_unsent_seconds
         self._backlog: deque[tuple[str, _Timing]] = deque()  # segments not submitted yet
         self._submitted = 0  # turns submitted whose audio is not streamed out yet
         self._stopping = False  # `stop` arrived: the end marker follows the backlog's last turn
@@ -300,6 +305,7 @@ class Session:
             outbox = self.handle.speak(seg, self.params, latency=self.req.latency, fresh=fresh,
                                        reset_audio=first_on_reused)
             self._turns.put_nowait((outbox, seg, timing))
+            self._outboxes.append(outbox)
             self._submitted += 1
         if self._stopping and not self._backlog and not self._end_queued:
             self._end_queued = True
@@ -316,6 +322,7 @@ class Session:
                 if item is None:
                     break
                 await self._stream_turn(*item)
+                self._outboxes.popleft()
                 self._submitted -= 1
                 self._pump()
             await self._emit(self.rechunker.push(self.encoder.finish()) + self.rechunker.flush(), content="")
@@ -376,6 +383,7 @@ class Session:
             if isinstance(item, AudioChunk):
                 self.frames += item.frames
                 self.metrics.frames(item.frames)
+                self._check_unsent(item.sample_rate)
                 encoded = self.encoder.push(item.pcm)
                 self._tail_held = False  # this audio pushes the last turn's held end out of the codec
                 # Output time: prosody.speed shortens the audio by that factor.
@@ -408,6 +416,15 @@ class Session:
                 await self._emit(pieces + self.rechunker.flush(), content=text, timing=timing)
                 if turn_seconds > 0:  # (a turn without audio leaves the last one's held end held)
                     self._tail_held = self.encoder.holds_tail
+
+    def _check_unsent(self, rate: int) -> None:
+        """The audio waiting in the turns' outboxes: what the stream generated and the client's socket has not taken
+        yet (the sender takes the next chunk only once the last one is sent)."""
+        # (an item source that does not count its audio, like a test's generator, counts none)
+        unsent = sum(getattr(o, "buffered_samples", 0) for o in self._outboxes) / rate
+        if unsent > self.max_unsent_seconds:
+            raise SessionError(f"client is not reading audio fast enough: {unsent:.0f} s of audio waiting to be sent, "
+                               f"the limit is {self.max_unsent_seconds:g} s")
 
     async def _emit(self, pieces: list[bytes], content: str, timing: _Timing | None = None) -> None:
         for audio in pieces:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+FLOAT32_MAX = 3.4028234663852886e38
+
 
 class FinishReason(enum.IntEnum):
     """Why a stream's turn ended. Stored on the device as int8, so values are small ints."""
@@ -39,9 +41,13 @@ class SamplingParams:
             raise ValueError(f"temperature must be in (0, 2), got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.repetition_penalty <= 0.0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if self.max_frames < 1:
-            raise ValueError(f"max_frames must be >= 1, got {self.max_frames}")
+        # The engine keeps these per slot in float32 and int64 tensors: a value they cannot hold is refused here,
+        # before any of the slot's settings change.
+        if not 0.0 < self.repetition_penalty <= FLOAT32_MAX:
+            raise ValueError(f"repetition_penalty must be in (0, {FLOAT32_MAX:g}], got {self.repetition_penalty}")
+        if not -(2**63) <= self.top_k < 2**63:
+            raise ValueError(f"top_k must fit in 64 bits, got {self.top_k}")
+        if not 1 <= self.max_frames < 2**31:
+            raise ValueError(f"max_frames must be in [1, 2**31), got {self.max_frames}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")

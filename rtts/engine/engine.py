@@ -235,7 +235,7 @@ class Engine:
         st, s = self.state, slot
         st.temperature[s] = self._round(params.temperature)
         st.top_p[s] = self._round(params.top_p)
-        st.top_k[s] = params.top_k if params.top_k > 0 else 1 << 40
+        st.top_k[s] = min(params.top_k, 1 << 40) if params.top_k > 0 else 1 << 40  # past any vocabulary: no top-k
         st.penalty[s] = params.repetition_penalty
         st.ras_on[s] = params.ras
         st.max_frames[s] = params.max_frames

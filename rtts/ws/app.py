@@ -20,6 +20,7 @@ from starlette.websockets import WebSocket, WebSocketState
 
 from rtts.runtime import DRAINING_MESSAGE, Runtime
 from rtts.ws import http, models_api, openai_api
+from rtts.ws.auth import AuthMiddleware, install_log_redaction
 from rtts.ws.live import Connection
 from rtts.ws.protocol import error_json
 
@@ -79,12 +80,7 @@ def create_app(rt: Runtime) -> Starlette:
         await _live(ws, timestamps=True)
 
     async def _live(ws: WebSocket, timestamps: bool) -> None:
-        # Browsers cannot set headers on a WebSocket, so the demo page may pass the key as ?api_key=.
-        query_key = ws.query_params.get("api_key", "")
-        if not (http.authorized(rt, ws.headers) or (query_key and query_key in rt.config.api_keys)):
-            # Refuse the upgrade with HTTP 401 (the SDK raises WebSocketUpgradeError).
-            await ws.send_denial_response(JSONResponse(error_json(401, "invalid or missing API key"), 401))
-            return
+        # The key (header, or ?api_key= here: browsers cannot set headers on a WebSocket) is AuthMiddleware's check.
         if not rt.ready:
             await ws.send_denial_response(JSONResponse(error_json(503, "server is starting"), 503))
             return
@@ -179,7 +175,9 @@ def create_app(rt: Runtime) -> Starlette:
         return response
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error},
-                    middleware=[Middleware(CountRequests, rt=rt)])
+                    middleware=[Middleware(AuthMiddleware, keys=rt.config.api_keys),
+                                Middleware(CountRequests, rt=rt)])
+    install_log_redaction()  # a key sent as ?api_key= never reaches uvicorn's access log
     app.state.rt = rt
     app.state.shutdown_sessions = shutdown_sessions
     app.state.sessions_in_flight = sessions_in_flight

@@ -7,7 +7,6 @@ the response early (the status line is already sent), which the log records.
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,10 +21,14 @@ from rtts.pingpong import NoSlotError, WorkerFailed
 from rtts.runtime import DRAINING_MESSAGE, Runtime
 from rtts.session import Session, SessionError, output_spec, resolve_references
 from rtts.voices import VoiceError
-from rtts.ws.parse import ProtocolError
+from rtts.ws import auth
+from rtts.ws.parse import ProtocolError, as_str, decode_base64, describe
 from rtts.ws.protocol import decode_body, decode_http_body, error_json
 
 log = logging.getLogger("rtts.http")
+
+
+BODY_BACKLOG = 16  # audio messages a /v1/tts response holds waiting for its client
 
 
 class SynthesisFailed(RuntimeError):
@@ -90,10 +93,8 @@ def json_error(status: int, message: str) -> JSONResponse:
 
 
 def authorized(rt: Runtime, headers: Any) -> bool:
-    if not rt.config.api_keys:
-        return True
-    scheme, _, key = headers.get("authorization", "").strip().partition(" ")
-    return scheme.lower() == "bearer" and key.strip() in rt.config.api_keys  # the scheme is case-insensitive
+    """The Authorization header's key (auth.AuthMiddleware has already checked it for every guarded route)."""
+    return auth.authorized(rt.config.api_keys, headers)
 
 
 async def tts(request: Request) -> Response:
@@ -128,8 +129,18 @@ async def tts(request: Request) -> Response:
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
     failure: list[str] = []
 
+    # Backpressure: the audio waiting for the response body is bounded (BODY_BACKLOG messages of at most 64 KiB), so
+    # a client that reads slowly holds the session back (whose own unsent audio is bounded: Session), and one that
+    # takes nothing for send_timeout_seconds ends it with an error (its slot goes back at once).
+    room = asyncio.Semaphore(BODY_BACKLOG)
+    timeout = rt.config.limits.send_timeout_seconds
+
     async def on_audio(audio: bytes, extra: dict[str, object]) -> None:
-        await queue.put(audio)
+        try:
+            await asyncio.wait_for(room.acquire(), timeout)
+        except asyncio.TimeoutError:
+            raise SessionError(f"client is not reading audio: it took nothing for {timeout:g} s") from None
+        queue.put_nowait(audio)
 
     async def on_finish(reason: str, message: str | None) -> None:
         if reason == "error":
@@ -137,8 +148,13 @@ async def tts(request: Request) -> Response:
             rt.metrics.errors.inc()
         await queue.put(None)
 
-    session = Session(req, handle, on_audio, on_finish, rt.model_format, rt.sample_rate,
-                      metrics=rt.metrics.session(), pad_last_message=False)
+    try:
+        session = Session(req, handle, on_audio, on_finish, rt.model_format, rt.sample_rate,
+                          metrics=rt.metrics.session(), pad_last_message=False,
+                          max_unsent_seconds=rt.config.limits.max_unsent_audio_seconds)
+    except ValueError as e:  # settings the validator let through and the engine cannot take: still the client's
+        handle.close()
+        return json_error(400, str(e))
     session.start()
     session.flush()
     stopper = asyncio.create_task(session.stop())
@@ -157,6 +173,7 @@ async def tts(request: Request) -> Response:
             chunk = first
             while chunk is not None:
                 yield chunk
+                room.release()
                 chunk = await queue.get()
             if failure:
                 # Once the 200 and some audio are out, the only way to say "failed" is to break the chunked body:
@@ -189,12 +206,9 @@ async def _read_reference_form(request: Request, limit: int) -> tuple[str, bytes
         raise ProtocolError("body must be a map with id, audio, text")
     audio = obj.get("audio") or b""
     if isinstance(audio, str):  # JSON carries audio as base64
-        try:
-            audio = base64.b64decode(audio, validate=False)
-        except ValueError:
-            raise ProtocolError("audio: not valid base64") from None
+        audio = decode_base64(audio, "audio")
     if not isinstance(audio, bytes):
-        raise ProtocolError("audio must be bytes")
+        raise ProtocolError(f"audio must be the audio file's bytes (base64 in JSON), got {describe(audio)}")
     return _text_field(obj, "id"), audio, _text_field(obj, "text")
 
 
@@ -205,6 +219,7 @@ async def references_add(request: Request) -> Response:
     try:
         # The body holds the audio (base64 in JSON: 4/3 of it) and a transcript.
         voice_id, audio, text = await _read_reference_form(request, 2 * rt.config.limits.max_reference_bytes)
+        text = as_str(text, "text", rt.config.limits.max_text_chars)
         if not audio:
             raise ProtocolError("audio is missing")
         if len(audio) > rt.config.limits.max_reference_bytes:

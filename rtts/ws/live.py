@@ -105,6 +105,9 @@ class Connection:
         self._send_lock = asyncio.Lock()
         # The client is gone: whichever task's send finds it first, whatever the state (the receive loop then ends).
         self.closed = False
+        # The client stopped reading (_stalled): it counts as gone; its finish waits behind the message it left.
+        self.stalled = False
+        self._stall_tail: asyncio.Task[None] | None = None
         self._opening = False  # a start is resolving its voice or waiting for a slot (_start)
 
     @property
@@ -117,20 +120,61 @@ class Connection:
     # ------------------------------------------------------------------ sending
 
     async def send(self, data: bytes) -> None:
-        """Raises ClientGone once the client has left, whichever way the socket's closing showed."""
+        """Raises ClientGone once the client has left, whichever way the socket's closing showed, or once it has
+        stopped reading: a message the socket does not take within Limits.send_timeout_seconds (_stalled)."""
         async with self._send_lock:
             if self.closed:
                 # The receive loop has seen the disconnect: uvicorn would refuse the send with a bare RuntimeError,
                 # indistinguishable from a bug.
                 raise ClientGone("connection closed")
+            # uvicorn's send waits while the socket's buffers are full, that is while the client does not read.
+            sending = asyncio.ensure_future(self._send_now(data))
             try:
-                await self.ws.send_bytes(data)
-            except (WebSocketDisconnect, WebSocketDisconnected) as e:
-                # Starlette's two forms of a closed socket: WebSocketDisconnect(1006) wraps uvicorn's
-                # ClientDisconnected (the socket closed under this send); WebSocketDisconnected is a send after that
-                # or after our own close (shutdown).
-                self.closed = True
-                raise ClientGone("connection closed") from e
+                done, _ = await asyncio.wait({sending}, timeout=self.rt.config.limits.send_timeout_seconds)
+            except asyncio.CancelledError:
+                sending.cancel()
+                raise
+            if not done:
+                self._stalled(sending)
+                raise ClientGone("client is not reading")
+            sending.result()
+
+    async def _send_now(self, data: bytes) -> None:
+        try:
+            await self.ws.send_bytes(data)
+        except (WebSocketDisconnect, WebSocketDisconnected) as e:
+            # Starlette's two forms of a closed socket: WebSocketDisconnect(1006) wraps uvicorn's
+            # ClientDisconnected (the socket closed under this send); WebSocketDisconnected is a send after that
+            # or after our own close (shutdown).
+            self.closed = True
+            raise ClientGone("connection closed") from e
+
+    def _stalled(self, sending: asyncio.Future[None]) -> None:
+        """The client stopped reading. It counts as gone: its session ends (ClientGone), the stream's slot goes back
+        at its finish (_on_finish), later messages are ignored. What the server still holds for it is the message
+        its socket did not take and, queued behind it for a client that reads again, finish/error and the close."""
+        timeout = self.rt.config.limits.send_timeout_seconds
+        message = f"client is not reading audio: the socket accepted nothing for {timeout:g} s"
+        log.warning("%s: session ended", message)
+        self.closed = self.stalled = True
+        self.rt.metrics.errors.inc()
+        self._stall_tail = asyncio.create_task(self._after_stall(sending, message))
+        if self.session is None or self.session.done.is_set():  # (else at the session's finish)
+            self._release_stream()
+
+    def _release_stream(self) -> None:
+        self.rt.idle_stream(self, None)
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+
+    async def _after_stall(self, sending: asyncio.Future[None], message: str) -> None:
+        try:
+            await sending
+            await self.ws.send_bytes(finish_event("error", message))
+            await self.ws.close(1008)  # policy violation: the receive loop then ends
+        except Exception:  # the client left without reading
+            pass
 
     async def _on_audio(self, audio: bytes, extra: dict[str, object]) -> None:
         await self.send(audio_event(audio, **extra))
@@ -150,6 +194,8 @@ class Connection:
             else:
                 self.state = State.IDLE
         if self.closed:  # a client that leaves mid-session is not a failed session, and has no one to tell
+            if self.stalled:  # (its receive loop may wait on a silent client for long: the slot goes back now)
+                self._release_stream()
             return
         if reason == "error":
             self.rt.metrics.errors.inc()
@@ -217,6 +263,8 @@ class Connection:
             log.info("could not prefill %r at connect: %s", voice_id, e)
 
     async def _handle(self, data: bytes | str) -> None:
+        if self.stalled:  # a client that does not read gets nothing done for it
+            return
         try:
             ev = decode_client_message(data, self.rt.config.limits)
         except ProtocolError as e:
@@ -406,6 +454,7 @@ class Connection:
                 alignment=alignment_fields if (self.timestamps or req.timestamps) else None,
                 fresh_first_turn=fresh,
                 metrics=self.rt.metrics.session(),
+                max_unsent_seconds=self.rt.config.limits.max_unsent_audio_seconds,
             )
         except NoSlotError:
             self._idle()  # a stream kept for the same voice is idle again
@@ -441,6 +490,8 @@ class Connection:
 
     async def shutdown(self) -> None:
         """Server stopping: end the session with finish/error and close the socket."""
+        if self.stalled:  # nothing can reach it: uvicorn closes the connection
+            return
         if self.session is not None and not self.session.done.is_set():
             await self.session.abort("server shutting down")
         try:

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from rtts.runtime import Runtime
 from rtts.voices import Voice, VoiceError, VoiceMeta
 from rtts.ws.http import BodyTooLarge, authorized, decode_map, json_error, read_body, read_form
-from rtts.ws.parse import ProtocolError
+from rtts.ws.parse import ProtocolError, as_str
 
 MAX_PAGE_SIZE = 100
 AUTHOR = {"_id": "rtts", "nickname": "rtts", "avatar": ""}  # every voice here is the server owner's
@@ -41,6 +41,17 @@ def model_entity(v: Voice) -> dict[str, Any]:
             "created_at": _iso(v.created), "updated_at": _iso(v.updated or v.created), "languages": [],
             "visibility": v.meta.visibility, "lock_visibility": False, "like_count": 0, "mark_count": 0,
             "shared_count": 0, "task_count": 0, "liked": False, "marked": False, "author": AUTHOR}
+
+
+MAX_FIELD_CHARS = 10_000  # a title, description, tag or transcript
+MAX_LIST_ITEMS = 256  # tags, transcripts
+
+
+def _bounded(value: str, key: str) -> str:
+    try:
+        return as_str(value, key, MAX_FIELD_CHARS)
+    except ProtocolError as e:
+        raise ProtocolError(str(e), status=e.status if e.status == 413 else 422) from None
 
 
 class _Fields:
@@ -65,13 +76,15 @@ class _Fields:
             return None
         if len(values) > 1 or not isinstance(values[0], str):
             raise ProtocolError(f"{key} must be one string", status=422)
-        return values[0]
+        return _bounded(values[0], key)
 
     def texts(self, key: str) -> list[str]:
         values = self.all(key)
+        if len(values) > MAX_LIST_ITEMS:
+            raise ProtocolError(f"{key} has {len(values)} items, the limit is {MAX_LIST_ITEMS}", status=422)
         if not all(isinstance(v, str) for v in values):
             raise ProtocolError(f"{key} must be strings", status=422)
-        return values
+        return [_bounded(v, f"{key}[{i}]") for i, v in enumerate(values)]
 
     async def files(self, key: str, limit: int) -> list[bytes]:
         out = []

@@ -10,6 +10,7 @@ Decoding uses msgspec (it rejects trailing bytes, which ormsgpack silently ignor
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ __all__ = [
     "decode_http_body",
     "error_json",
     "finish_event",
+    "public_message",
     "server_event",
 ]
 
@@ -113,12 +115,11 @@ def decode_client_message(data: bytes | str, limits: Limits = Limits()) -> Clien
 
 
 def _text_event_text(value: Any, limits: Limits) -> str:
-    text = "" if value is None else as_str(value, "text")
-    if len(text) > limits.max_text_chars:
+    if isinstance(value, str) and len(value) > limits.max_text_chars:
         raise ProtocolError(
-            f"text is {len(text)} characters, the limit per text event is {limits.max_text_chars}", status=413
+            f"text is {len(value)} characters, the limit per text event is {limits.max_text_chars}", status=413
         )
-    return text
+    return "" if value is None else as_str(value, "text")
 
 
 def _looks_like_json(data: bytes) -> bool:
@@ -192,13 +193,28 @@ def finish_event(reason: str, message: str | None = None, **extra: Any) -> bytes
         raise ValueError("finish needs a non-empty reason")
     fields: dict[str, Any] = {"reason": reason}
     if message is not None:
-        fields["message"] = message
+        fields["message"] = public_message(message)
     return server_event("finish", **fields, **extra)
 
 
 def error_json(status: int, message: str) -> dict[str, Any]:
-    """The JSON body of an HTTP error (401/403 before the WebSocket upgrade, 4xx/5xx on POST /v1/tts)."""
-    return {"status": status, "message": message}
+    """The JSON body of every HTTP error (401/403 before the WebSocket upgrade, 4xx/5xx on the HTTP routes)."""
+    return {"status": status, "message": public_message(message)}
+
+
+# `<_io.BytesIO object at 0x7f...>`, `<function f at 0x...>`: a library's message naming a Python object by its repr
+# says nothing to a client and shows a memory address.
+_OBJECT_REPR = re.compile(r"<[^<>]{0,200}? at 0x[0-9A-Fa-f]+>")
+MAX_MESSAGE_CHARS = 1000
+
+
+def public_message(message: str) -> str:
+    """An error text as clients see it, whatever produced it: object reprs replaced by what they stand for (the data
+    sent), at most MAX_MESSAGE_CHARS characters."""
+    text = _OBJECT_REPR.sub("the data", str(message))
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = text[: MAX_MESSAGE_CHARS - 3] + "..."
+    return text
 
 
 @dataclass(frozen=True)
