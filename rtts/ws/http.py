@@ -28,7 +28,38 @@ from rtts.ws.protocol import decode_body, decode_http_body, error_json
 log = logging.getLogger("rtts.http")
 
 
-BODY_BACKLOG = 16  # audio messages a /v1/tts response holds waiting for its client
+BODY_BACKLOG = 16  # audio chunks an HTTP response holds waiting for its client (messages of at most 64 KiB)
+
+
+class BodyQueue:
+    """Audio on its way to a streamed HTTP body (`POST /v1/tts`, and any route that streams a session's audio).
+
+    Bounded: at most BODY_BACKLOG chunks wait for the client, so one that reads slowly holds its session back (whose
+    own unsent audio is bounded: Session) instead of growing the server's memory, and `put` fails the session
+    (SessionError) once the client has taken nothing for `timeout` seconds (Limits.send_timeout_seconds): it
+    stopped reading, its slot goes back. `end()` never waits: the body ends after the chunks already queued."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self._items: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._room = asyncio.Semaphore(BODY_BACKLOG)
+
+    async def put(self, chunk: bytes) -> None:
+        try:
+            await asyncio.wait_for(self._room.acquire(), self.timeout)
+        except asyncio.TimeoutError:
+            raise SessionError(f"client is not reading audio: it took nothing for {self.timeout:g} s") from None
+        self._items.put_nowait(chunk)
+
+    def end(self) -> None:
+        self._items.put_nowait(None)
+
+    async def get(self) -> bytes | None:
+        """The next chunk (None: the end). Call `taken()` once it has gone out."""
+        return await self._items.get()
+
+    def taken(self) -> None:
+        self._room.release()
 
 
 class SynthesisFailed(RuntimeError):
@@ -126,27 +157,17 @@ async def tts(request: Request) -> Response:
     except WorkerFailed as e:  # (the process is about to exit: a supervisor restarts it)
         return json_error(503, f"server failed ({e}); retry on a restarted server")
 
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+    queue = BodyQueue(rt.config.limits.send_timeout_seconds)
     failure: list[str] = []
 
-    # Backpressure: the audio waiting for the response body is bounded (BODY_BACKLOG messages of at most 64 KiB), so
-    # a client that reads slowly holds the session back (whose own unsent audio is bounded: Session), and one that
-    # takes nothing for send_timeout_seconds ends it with an error (its slot goes back at once).
-    room = asyncio.Semaphore(BODY_BACKLOG)
-    timeout = rt.config.limits.send_timeout_seconds
-
     async def on_audio(audio: bytes, extra: dict[str, object]) -> None:
-        try:
-            await asyncio.wait_for(room.acquire(), timeout)
-        except asyncio.TimeoutError:
-            raise SessionError(f"client is not reading audio: it took nothing for {timeout:g} s") from None
-        queue.put_nowait(audio)
+        await queue.put(audio)  # (waits while the client is BODY_BACKLOG chunks behind)
 
     async def on_finish(reason: str, message: str | None) -> None:
         if reason == "error":
             failure.append(message or "synthesis failed")
             rt.metrics.errors.inc()
-        await queue.put(None)
+        queue.end()
 
     try:
         session = Session(req, handle, on_audio, on_finish, rt.model_format, rt.sample_rate,
@@ -173,7 +194,7 @@ async def tts(request: Request) -> Response:
             chunk = first
             while chunk is not None:
                 yield chunk
-                room.release()
+                queue.taken()
                 chunk = await queue.get()
             if failure:
                 # Once the 200 and some audio are out, the only way to say "failed" is to break the chunked body:
