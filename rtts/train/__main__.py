@@ -126,7 +126,8 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     texts = sentences.read_lines(Path(args.sentences) if args.sentences else TRAIN_DIR / "heldout.txt")[:args.count]
     report = evaluate.evaluate(texts, Path(args.report), checkpoint=Path(args.checkpoint) if args.checkpoint else None,
                                url=args.url, bundle=Path(args.bundle) if args.bundle else None,
-                               processes=args.processes, threads=args.threads or 1)
+                               processes=args.processes, threads=args.threads or 1,
+                               codec_dir=Path(args.codec) if args.codec else None)
     print(evaluate.table(report))
     print(f"report: {args.report} ({report['seconds']:.0f} s)")
 
@@ -178,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     sp.add_argument("--count", type=int, default=50)
     sp.add_argument("--checkpoint", default=None, help="serve this checkpoint in-process and score it")
     sp.add_argument("--url", default=None, help="score a running server instead (ws://host:port)")
+    sp.add_argument("--codec", default=None, help="also score the source audio resynthesized by this codec folder")
     sp.add_argument("--bundle", default=None)
     sp.add_argument("--processes", type=int, default=1, help="flite processes for the source voice")
     sp.add_argument("--report", default="evaluate.json")

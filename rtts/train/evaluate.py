@@ -1,6 +1,8 @@
 """Evaluate stage: Whisper tiny.en WER/CER on the held-out sentences (train/heldout.txt, never trained on).
 
 - `source`: the flite voice itself (the floor a voice distilled from it can reach);
+- `codec` (with --codec DIR): the source audio encoded and decoded by a trained codec (DEMO_VOICE.md's codec gate:
+  within a few points of the source);
 - `server`: a checkpoint served by a real rtts server (started in this process on a free loopback port, or one
   already running at --url), each sentence one session on the live WebSocket `/v1/tts/live` with the default
   sampling settings, audio as 16 kHz PCM. A length cap of 3x the source's duration (+1 s) stops a model that never
@@ -121,14 +123,36 @@ def summary(items: list[Item]) -> dict[str, Any]:
             "finish": {r: sum(1 for i in items if i.finish == r) for r in sorted({i.finish for i in items})}}
 
 
+def resynthesized(codec_dir: Path, audios: list[np.ndarray]) -> list[np.ndarray]:
+    """The source audio through the codec (encode, decode), loaded by the server's loader: the codec's own ceiling."""
+    import torch
+
+    from rtts.model.codec import encode_audio, load_codec
+
+    codec = load_codec(codec_dir)
+    if codec.config.sample_rate != PCM_RATE:
+        raise ValueError(f"the codec runs at {codec.config.sample_rate} Hz; this check feeds it {PCM_RATE} Hz")
+    out = []
+    with torch.inference_mode():
+        for audio in audios:
+            codes = encode_audio(codec, audio.astype(np.float32))
+            out.append(codec.decode(codes[None])[0, : audio.size].float().numpy())
+    return out
+
+
 def evaluate(texts: list[str], out: Path, checkpoint: Path | None = None, url: str | None = None,
-             bundle: Path | None = None, processes: int = 1, threads: int = 1) -> dict[str, Any]:
-    """Score the source voice, and the served checkpoint when one is given (`checkpoint` or `url`)."""
+             bundle: Path | None = None, processes: int = 1, threads: int = 1,
+             codec_dir: Path | None = None) -> dict[str, Any]:
+    """Score the source voice; the codec's resynthesis of it when `codec_dir` is given; the served checkpoint when
+    one is given (`checkpoint` or `url`)."""
     asr = Whisper.load(threads=threads)
     t0 = time.perf_counter()
     src = source_audio(texts, bundle, processes)
     source_items = score_items(asr, texts, src, ["stop"] * len(src))
     report: dict[str, Any] = {"source": {"items": [asdict(i) for i in source_items], "summary": summary(source_items)}}
+    if codec_dir is not None:
+        items = score_items(asr, texts, resynthesized(codec_dir, src), ["stop"] * len(src))
+        report["codec"] = {"codec": str(codec_dir), "items": [asdict(i) for i in items], "summary": summary(items)}
     if checkpoint is not None or url is not None:
         server = InProcessServer(checkpoint) if url is None and checkpoint is not None else None
         try:
@@ -163,7 +187,7 @@ def _frame_rate(checkpoint: Path | None) -> float:
 
 def table(report: dict[str, Any]) -> str:
     rows = ["| voice | sentences | WER | CER | audio s | finish |", "|---|---|---|---|---|---|"]
-    for name in ("source", "server"):
+    for name in ("source", "codec", "server"):
         if name in report:
             s = report[name]["summary"]
             rows.append(f"| {name} | {s['sentences']} | {100 * s['wer']:.1f} % | {100 * s['cer']:.1f} % | "
