@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import sys
 from collections.abc import Awaitable
 from dataclasses import dataclass, replace
 
@@ -127,29 +128,28 @@ class Connection:
                 # The receive loop has seen the disconnect: uvicorn would refuse the send with a bare RuntimeError,
                 # indistinguishable from a bug.
                 raise ClientGone("connection closed")
-            # uvicorn's send waits while the socket's buffers are full, that is while the client does not read.
-            sending = asyncio.ensure_future(self._send_now(data))
             try:
-                done, _ = await asyncio.wait({sending}, timeout=self.rt.config.limits.send_timeout_seconds)
-            except asyncio.CancelledError:
-                sending.cancel()
-                raise
-            if not done:
-                self._stalled(sending)
-                raise ClientGone("client is not reading")
-            sending.result()
+                await self._send_within(data, self.rt.config.limits.send_timeout_seconds)
+            except asyncio.TimeoutError:
+                self._stalled(data)
+                raise ClientGone("client is not reading") from None
+            except (WebSocketDisconnect, WebSocketDisconnected) as e:
+                # Starlette's two forms of a closed socket: WebSocketDisconnect(1006) wraps uvicorn's
+                # ClientDisconnected (the socket closed under this send); WebSocketDisconnected is a send after that
+                # or after our own close (shutdown).
+                self.closed = True
+                raise ClientGone("connection closed") from e
 
-    async def _send_now(self, data: bytes) -> None:
-        try:
-            await self.ws.send_bytes(data)
-        except (WebSocketDisconnect, WebSocketDisconnected) as e:
-            # Starlette's two forms of a closed socket: WebSocketDisconnect(1006) wraps uvicorn's
-            # ClientDisconnected (the socket closed under this send); WebSocketDisconnected is a send after that
-            # or after our own close (shutdown).
-            self.closed = True
-            raise ClientGone("connection closed") from e
+    async def _send_within(self, data: bytes, seconds: float) -> None:
+        """uvicorn's send waits while the socket's buffers are full (the client does not read) and writes the message
+        only once that wait is over: a send the timeout cancels has written none of it."""
+        if sys.version_info >= (3, 11):
+            async with asyncio.timeout(seconds):
+                await self.ws.send_bytes(data)
+        else:  # (wait_for runs the send as a task of its own: dearer per message, the same outcome)
+            await asyncio.wait_for(self.ws.send_bytes(data), seconds)
 
-    def _stalled(self, sending: asyncio.Future[None]) -> None:
+    def _stalled(self, untaken: bytes) -> None:
         """The client stopped reading. It counts as gone: its session ends (ClientGone), the stream's slot goes back
         at its finish (_on_finish), later messages are ignored. What the server still holds for it is the message
         its socket did not take and, queued behind it for a client that reads again, finish/error and the close."""
@@ -158,7 +158,7 @@ class Connection:
         log.warning("%s: session ended", message)
         self.closed = self.stalled = True
         self.rt.metrics.errors.inc()
-        self._stall_tail = asyncio.create_task(self._after_stall(sending, message))
+        self._stall_tail = asyncio.create_task(self._after_stall(untaken, message))
         if self.session is None or self.session.done.is_set():  # (else at the session's finish)
             self._release_stream()
 
@@ -168,9 +168,9 @@ class Connection:
             self.handle.close()
             self.handle = None
 
-    async def _after_stall(self, sending: asyncio.Future[None], message: str) -> None:
+    async def _after_stall(self, untaken: bytes, message: str) -> None:
         try:
-            await sending
+            await self.ws.send_bytes(untaken)
             await self.ws.send_bytes(finish_event("error", message))
             await self.ws.close(1008)  # policy violation: the receive loop then ends
         except Exception:  # the client left without reading
