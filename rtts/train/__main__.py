@@ -57,7 +57,8 @@ def cmd_data(args: argparse.Namespace) -> None:
         texts = texts[:count]
     voice = flite.find(Path(args.bundle) if args.bundle else None)
     t0 = time.perf_counter()
-    store = dataset.write(_workdir(args) / "data", flite.synthesize(voice, texts, args.processes),
+    # A handful of sentences flite cannot speak must not end a GPU call's data stage.
+    store = dataset.write(_workdir(args) / "data", flite.synthesize(voice, texts, args.processes, len(texts) // 100),
                           flite.SAMPLE_RATE, flite.VOICE_BINARY, log_every=2000)
     took = time.perf_counter() - t0
     print(f"data: {len(store.utts)} utterances, {store.seconds / 3600:.2f} h in {took:.0f} s "

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import wave
 from collections.abc import Iterator
@@ -113,18 +114,39 @@ def _init_worker(flite: Flite, workdir: str) -> None:
     _worker_flite, _worker_dir = flite, Path(workdir)
 
 
-def _speak_in_worker(text: str) -> Spoken:
+def _speak_in_worker(text: str) -> Spoken | str:
     assert _worker_flite is not None and _worker_dir is not None
-    return speak(_worker_flite, text, _worker_dir)
+    try:
+        return speak(_worker_flite, text, _worker_dir)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        return str(e)
 
 
-def synthesize(flite: Flite, texts: list[str], processes: int) -> Iterator[Spoken]:
-    """Speak every text, in order, with `processes` flite processes running at a time."""
+def synthesize(flite: Flite, texts: list[str], processes: int, max_failures: int = 0) -> Iterator[Spoken]:
+    """Speak every text, in order, with `processes` flite processes running at a time. Up to `max_failures`
+    sentences flite fails on are skipped (reported on stderr) rather than ending a long run."""
+    failures = 0
+
+    def check(result: Spoken | str) -> Spoken | None:
+        nonlocal failures
+        if isinstance(result, Spoken):
+            return result
+        failures += 1
+        print(f"flite: skipped a sentence ({result})", file=sys.stderr)
+        if failures > max_failures:
+            raise RuntimeError(f"flite failed on {failures} sentences: {result}")
+        return None
+
     with tempfile.TemporaryDirectory(prefix="rtts-flite-") as workdir:
+        _init_worker(flite, workdir)
         if processes <= 1:
-            for text in texts:
-                yield speak(flite, text, Path(workdir))
+            results: Iterator[Spoken | str] = map(_speak_in_worker, texts)
+            for r in results:
+                if (ok := check(r)) is not None:
+                    yield ok
             return
         ctx = get_context("spawn")  # no torch state forked into the workers
         with ctx.Pool(processes, initializer=_init_worker, initargs=(flite, workdir)) as pool:
-            yield from pool.imap(_speak_in_worker, texts, chunksize=8)
+            for r in pool.imap(_speak_in_worker, texts, chunksize=8):
+                if (ok := check(r)) is not None:
+                    yield ok
