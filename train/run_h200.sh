@@ -31,7 +31,8 @@ python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_devic
 case $CALL in
   call1)
     chmod +x train/bundle/flite/flite_cmu_us_rms  # in case the copy lost its mode bits
-    python3 -m rtts.train data --preset "$PRESET" --bundle train/bundle/flite --processes "$(nproc)" 2>&1 | tee "$OUT/data.log"
+    python3 -m rtts.train data --preset "$PRESET" --bundle train/bundle/flite --processes "$(nproc)" \
+      ${SENTENCES:+--count "$SENTENCES"} 2>&1 | tee "$OUT/data.log"  # SENTENCES: other than the preset's 24,000
     [ -f $W/data/meta.json ] || exit 1
     python3 -m rtts.train codec --preset "$PRESET" --minutes "$(minutes_left 50)" 2>&1 | tee "$OUT/codec.log"
     python3 -m rtts.train tokens --preset "$PRESET" 2>&1 | tee -a "$OUT/codec.log"
