@@ -27,6 +27,10 @@ T0=$(date +%s)
 minutes_left() {  # minutes left of BUDGET_S, less $1 seconds kept for what follows
   python3 -c "print(max(0.5, (${BUDGET_S:-560} - ($(date +%s) - $T0) - $1) / 60))"
 }
+pack() {  # the small files (those that exist) into OUT/small.tar; the big ones travel as files of their own
+  local have=(); for f in "$@"; do [ -e "$W/$f" ] && have+=("$f"); done
+  tar -C $W -cf "$OUT/small.tar" --exclude model.safetensors --exclude codec.pth "${have[@]}"
+}
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu')"
 case $CALL in
   call1)
@@ -37,7 +41,7 @@ case $CALL in
     python3 -m rtts.train codec --preset "$PRESET" --minutes "$(minutes_left 50)" 2>&1 | tee "$OUT/codec.log"
     python3 -m rtts.train tokens --preset "$PRESET" 2>&1 | tee -a "$OUT/codec.log"
     cp $W/codec/codec.pth $W/tokens/codes.part*.npy "$OUT/"
-    tar -C $W -cf "$OUT/small.tar" codec/codec_config.json tokens/index.json codec.log.jsonl data/meta.json
+    pack codec/codec_config.json tokens/index.json codec.log.jsonl data/meta.json
     ;;
   call2|call3)
     init=(); lr=()
@@ -46,7 +50,7 @@ case $CALL in
       | tee "$OUT/dualar.log"
     python3 -m rtts.train export --preset "$PRESET" --out $W/export 2>&1 | tee -a "$OUT/dualar.log"
     cp $W/export/model.safetensors $W/export/codec.pth "$OUT/"
-    tar -C $W -cf "$OUT/small.tar" --exclude model.safetensors --exclude codec.pth export dualar.log.jsonl
+    pack export dualar.log.jsonl
     ;;
   *) echo "unknown call $CALL" >&2; exit 2 ;;
 esac
