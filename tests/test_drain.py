@@ -213,7 +213,8 @@ def test_what_is_left_after_the_grace_gets_finish_error(golden: Path, tmp_path: 
 
 
 def test_rtts_serve_drains_on_sigterm_and_exits_0(golden: Path, tmp_path: Path) -> None:
-    """The real command: SIGTERM mid-session, the session completes with all its audio, the process exits 0."""
+    """The real command: SIGTERM mid-session, the session completes with all its audio; a second SIGTERM ends the
+    drain at once (the session still open gets finish/error); the process exits 0."""
     port = free_port()
     url, ws_url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}"
     log = tmp_path / "serve.log"
@@ -232,14 +233,20 @@ def test_rtts_serve_drains_on_sigterm_and_exits_0(golden: Path, tmp_path: Path) 
 
         wait_for("rtts serve to start", up, timeout=180)
         ref = live_reference(ws_url)
-        with connect(ws_url + "/v1/tts/live", max_size=None, open_timeout=10, proxy=None) as ws:
-            first = first_turn(ws)
+        with connect(ws_url + "/v1/tts/live", max_size=None, open_timeout=10, proxy=None) as ws, \
+                connect(ws_url + "/v1/tts/live", max_size=None, open_timeout=10, proxy=None) as lingering:
+            first, _ = first_turn(ws), first_turn(lingering)
             proc.send_signal(signal.SIGTERM)
             wait_for("health to say draining", lambda: health(url)[0] == 503)
             same_turns(finish_session(ws, first), ref)
             expect_close(ws)
+            assert proc.poll() is None  # the drain waits for the session still open
+            proc.send_signal(signal.SIGTERM)
+            _, fin = until_finish(lingering)
+            assert fin["reason"] == "error" and "shutting down" in fin["message"], fin
+            expect_close(lingering)
         assert proc.wait(timeout=60) == 0, log.read_text()
-        assert "drained: every session finished" in log.read_text()
+        assert "drain ended with 1 session(s) still open" in log.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -32,6 +32,7 @@ class Server(uvicorn.Server):
         self.app, self.rt = app, rt  # (config.app: the same app)
         # Set by a signal handler or another thread; the event loop starts the drain at its next tick (on_tick).
         self.drain_requested = False
+        self.drain_cut = False  # a second SIGTERM: the drain ends at its next look
         self.drain_task: asyncio.Task[None] | None = None
 
     def request_drain(self) -> None:
@@ -39,12 +40,12 @@ class Server(uvicorn.Server):
         self.drain_requested = True
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if sig == signal.SIGTERM and not self.should_exit:
+        if sig == signal.SIGTERM:
             # Not recorded in uvicorn's captured signals, which it raises again once stopped: that would end the
             # process by SIGTERM (status 143) instead of exiting 0 after the drain.
             if self.drain_requested:
-                self.should_exit = True  # a second SIGTERM: stop now
-            else:
+                self.drain_cut = True
+            elif not self.should_exit:  # (once stopping, a SIGTERM changes nothing)
                 self.request_drain()
             return
         super().handle_exit(sig, frame)
@@ -65,11 +66,11 @@ class Server(uvicorn.Server):
         while True:
             await state.close_quiet()
             left = state.sessions_in_flight()
-            if left == 0 or loop.time() >= deadline or self.should_exit:
+            if left == 0 or loop.time() >= deadline or self.drain_cut or self.should_exit:
                 break
             await asyncio.sleep(DRAIN_POLL)
         if left:
-            log.warning("drain: %d session(s) still open after %.0f s end with finish/error", left, grace)
+            log.warning("drain ended with %d session(s) still open: they end with finish/error", left)
         else:
             log.info("drained: every session finished")
         self.should_exit = True
