@@ -10,6 +10,7 @@ import io
 import json
 
 import httpx
+import numpy as np
 import ormsgpack
 import pytest
 import soundfile as sf
@@ -90,7 +91,11 @@ def test_http_tts_msgpack_and_json(srv: LiveServer, ref_wav: bytes) -> None:
         assert len(via_msgpack) % 2 == 0 and len(via_msgpack) > 2 * 2048 * 2
 
         r = h.post("/v1/tts", json=req)
-        assert r.status_code == 200 and r.content == via_msgpack  # greedy: the same audio both ways
+        assert r.status_code == 200 and len(r.content) == len(via_msgpack)
+        # Greedy: the same codes both ways. The audio may differ by rounding where the codec batched this stream's
+        # chunks with another session's (a different batch takes other float paths), never by more than a few LSB.
+        diff = np.abs(np.frombuffer(r.content, np.int16).astype(np.int32) - np.frombuffer(via_msgpack, np.int16))
+        assert diff.max() <= 2, diff.max()
 
         # JSON carries reference audio as base64.
         ref = {"audio": base64.b64encode(ref_wav).decode(), "text": REF_TEXT}
