@@ -6,9 +6,11 @@ from __future__ import annotations
 import base64
 import io
 import json
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -16,11 +18,12 @@ import openai
 import psutil
 import pytest
 import soundfile as sf
-from conftest import REF_TEXT, metric
+from conftest import LONG_TEXT, REF_TEXT, metric, tiny_config
 from liveserver import LiveServer
 
 from rtts.audio import ffmpeg
 from rtts.audio.transcode import WideStretcher
+from rtts.request import Limits
 
 FRAME_SECONDS = 2048 / 44100  # one codec frame of the tiny checkpoint's codec
 SENTENCES = " ".join(f"This is sentence number {i}, spoken as it is generated." for i in range(6))
@@ -166,9 +169,24 @@ def test_errors(srv: LiveServer, client: openai.OpenAI) -> None:
     refused(openai.BadRequestError, "stream_format", "audio, sse", stream_format="json")
     refused(openai.BadRequestError, "sample_rate", "24000", response_format="pcm", extra_body={"sample_rate": 22050})
     refused(openai.BadRequestError, "top_p", "top_p", "1", extra_body={"top_p": 2})  # the Fish fields validator
+    # Values the engine's float32 / int64 settings cannot hold: refused by the same ranges as on /v1/tts.
+    refused(openai.BadRequestError, "repetition_penalty", "repetition_penalty must be a number in [0.5, 2]",
+            "got 1e+300", extra_body={"repetition_penalty": 1e300})
+    refused(openai.BadRequestError, "top_k", "top_k must be an integer in [0, 65536]", "got 9223372036854775808",
+            extra_body={"top_k": 2**63})
+    refused(openai.BadRequestError, "seed", "seed must be an integer in [0, 2**63)", extra_body={"seed": 2**63})
+    # The validator's own field names become the speech request's.
+    refused(openai.BadRequestError, "voice", "voice must be a voice id (1-128 letters", voice="no such/voice")
+    lone_surrogate = b'{"model": "tts-1", "voice": "default", "input": "Hi \\ud800"}'  # (a JSON escape)
+    r = httpx.post(srv.http + "/v1/audio/speech", content=lone_surrogate, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "input" and "input is not valid Unicode" in r.json()["error"]["message"]
     r = httpx.post(srv.http + "/v1/audio/speech", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
     srv.wait_idle()
+    # Nothing refused set anything in motion: the server still speaks.
+    assert len(client.audio.speech.create(model="tts-1", voice="default", input="Hi.", response_format="pcm",
+                                          extra_body=SHORT).read()) > 0
 
 
 def test_aac_without_ffmpeg(srv: LiveServer, client: openai.OpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -177,9 +195,7 @@ def test_aac_without_ffmpeg(srv: LiveServer, client: openai.OpenAI, monkeypatch:
         client.audio.speech.create(model="tts-1", voice="default", input="Hi.", response_format="aac")
 
 
-def test_api_key(golden: object, tmp_path_factory: pytest.TempPathFactory) -> None:
-    from conftest import tiny_config
-
+def test_api_key(golden: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     s = LiveServer(tiny_config(golden, tmp_path_factory.mktemp("voices"), api_keys=("sk-local",), warmup=False))
     try:
         bad = openai.OpenAI(api_key="wrong", base_url=s.http + "/v1", max_retries=0)
@@ -219,3 +235,80 @@ def test_a_client_that_leaves_mid_stream_frees_everything(srv: LiveServer, fmt: 
     while _ffmpeg_children():
         assert time.monotonic() < deadline, "the AAC encoder's ffmpeg is still running"
         time.sleep(0.05)
+
+
+# ------------------------------------------------------------------------------------------------ a client not reading
+
+SEND_TIMEOUT = 2.0
+SLOW_WAIT = 240.0  # generous: a loaded 2-core CI machine generates the tiny model's audio slowly
+
+
+def _unread_socket(srv: LiveServer) -> socket.socket:
+    """A connection to `srv` that holds little unread: a small receive buffer here and a small, fixed kernel send
+    buffer at the server's end, so a client that stops reading shows after tens of KB instead of megabytes (the
+    server's own bounds, what is tested, do not depend on it; docs/security.md)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window scale is agreed then
+    s.settimeout(30)
+    s.connect(("127.0.0.1", srv.port))
+    me = ("127.0.0.1", s.getsockname()[1])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        conn = next((c for c in list(srv.server.server_state.connections) if getattr(c, "client", None) == me), None)
+        if conn is not None:
+            conn.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+            return s
+        time.sleep(0.01)
+    raise AssertionError("the server did not accept the connection")
+
+
+@pytest.fixture(scope="module")
+def slow_srv(golden: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    s = LiveServer(tiny_config(golden, tmp_path_factory.mktemp("voices"),
+                               limits=Limits(send_timeout_seconds=SEND_TIMEOUT)))
+    yield s
+    s.stop()
+
+
+# Much audio quickly: quarter speed (four times the samples per generated frame), greedy, long turns.
+@pytest.mark.parametrize("fmt,rate,stream", [("pcm", 48000, "audio"), ("aac", 48000, "audio"), ("wav", 48000, "sse")])
+def test_a_client_that_stops_reading(slow_srv: LiveServer, fmt: str, rate: int, stream: str) -> None:
+    """Its body holds a bounded backlog; once its socket has taken nothing for send_timeout_seconds its session ends
+    with an error and its slot comes back while its connection is still open, a neighbour completing meanwhile.
+    Reading again, it finds the audio that was on its way, then a body that breaks off (the encoder of an AAC
+    response, whose output a reader task hands on, ends the same way)."""
+    srv = slow_srv
+    errors = metric(srv, "rtts_session_errors_total")
+    sock = _unread_socket(srv)
+    try:
+        body = json.dumps({"model": "tts-1", "voice": "default", "input": LONG_TEXT, "response_format": fmt,
+                           "sample_rate": rate, "speed": 0.25, "stream_format": stream, "top_k": 1,
+                           "max_new_tokens": 1024}).encode()
+        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        head = b""
+        while b"\r\n\r\n" not in head:  # the status line comes with the first audio
+            head += sock.recv(1)
+        assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower(), head
+        # It reads nothing more. A neighbour's request completes; the stuck session ends by itself, its slot back.
+        with openai.OpenAI(api_key="x", base_url=srv.http + "/v1", max_retries=0, timeout=SLOW_WAIT) as neighbour:
+            audio = neighbour.audio.speech.create(model="tts-1", voice="default", input="Hello there.",
+                                                  response_format="pcm", extra_body=SHORT).read()
+        assert len(audio) > 0
+        deadline = time.monotonic() + SLOW_WAIT
+        while metric(srv, "rtts_session_errors_total") == errors:
+            assert time.monotonic() < deadline, "the stuck request's session never ended"
+            time.sleep(0.1)
+        srv.wait_idle(timeout=30)  # every slot back, the stuck connection still open
+        rest = b""
+        while data := sock.recv(65536):
+            rest += data
+        assert len(rest) > 0
+        if stream == "sse":  # the events that were on their way, the last of them saying why
+            last = json.loads(rest.rsplit(b"data: ", 1)[1].split(b"\n", 1)[0])
+            assert last["type"] == "error" and "client is not reading audio" in last["error"]["message"], last
+        else:  # no terminating chunk: the client cannot take it for the whole of its audio
+            assert not rest.endswith(b"0\r\n\r\n")
+    finally:
+        sock.close()
+    srv.wait_idle(timeout=30)

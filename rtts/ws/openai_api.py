@@ -34,7 +34,7 @@ from rtts.request import Limits, TTSRequest
 from rtts.runtime import DRAINING_MESSAGE, Runtime
 from rtts.session import Session, SessionError, output_spec, resolve_references
 from rtts.voices import VoiceError
-from rtts.ws.http import BodyTooLarge, SynthesisFailed, authorized, read_body
+from rtts.ws.http import BodyQueue, BodyTooLarge, SynthesisFailed, read_body
 from rtts.ws.parse import ProtocolError, describe, parse_request
 
 log = logging.getLogger("rtts.openai")
@@ -47,6 +47,8 @@ STREAM_FORMATS = ("audio", "sse")
 # Fields of the Fish request a speech request may add (rtts extensions; the `openai` client sends them in extra_body).
 FISH_FIELDS = ("latency", "temperature", "top_p", "top_k", "seed", "max_new_tokens", "repetition_penalty",
                "chunk_length", "min_chunk_length", "normalize", "condition_on_previous_chunks", "early_stop_threshold")
+# The speech request's field for each field of the Fish request the validator may name (its refusals begin with it).
+PARAMS = {"text": "input", "reference_id": "voice", **{key: key for key in FISH_FIELDS}}
 
 
 class SpeechRequestError(ValueError):
@@ -61,10 +63,6 @@ def openai_error(status: int, message: str, param: str | None = None, code: str 
     kind = "invalid_request_error" if status < 500 else "server_error"
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
                         status_code=status)
-
-
-def _unauthorized() -> JSONResponse:
-    return openai_error(401, "invalid or missing API key (Authorization: Bearer <key>)", code="invalid_api_key")
 
 
 # ----------------------------------------------------------------------------------------------------------- request
@@ -144,13 +142,23 @@ def parse_speech(obj: Any, limits: Limits) -> SpeechRequest:
         raise SpeechRequestError(f"sample_rate for {fmt} must be one of {allowed}, got {rate:g}", "sample_rate")
     voice = _voice(obj.get("voice"))
     fish = {key: obj[key] for key in FISH_FIELDS if key in obj}
+    # The one validator, called as for /v1/tts's body (every range in parse.RANGES), on the values as sent: the
+    # session runs the request it returns.
     try:
         tts = parse_request({**fish, "text": text, "format": "pcm", "reference_id": voice}, limits, http=True, path="")
     except ProtocolError as e:
-        raise SpeechRequestError(e.message, next((k for k in FISH_FIELDS if e.message.startswith(k)), None),
-                                 e.status) from None
+        raise _refused(e) from None
     return SpeechRequest(input=text, voice=voice, response_format=fmt, speed=speed,
                          stream_format=_choice(obj, "stream_format", STREAM_FORMATS), sample_rate=int(rate), tts=tts)
+
+
+def _refused(e: ProtocolError) -> SpeechRequestError:
+    """A refusal of the Fish request's validator in the speech request's terms: the field it begins with named as the
+    client sent it (`text` is `input`, `reference_id` is `voice`), and `param` that field (None: no one field)."""
+    field = e.message.split(" ", 1)[0].split("[", 1)[0]
+    param = PARAMS.get(field)
+    message = e.message if param is None else param + e.message[len(field):]
+    return SpeechRequestError(message, param, e.status)
 
 
 def _unknown_voice(voice: str) -> str:
@@ -175,15 +183,11 @@ def served_model(rt: Runtime) -> dict[str, Any]:
 
 async def list_models(request: Request) -> Response:
     rt: Runtime = request.app.state.rt
-    if not authorized(rt, request.headers):
-        return _unauthorized()
     return JSONResponse({"object": "list", "data": [served_model(rt)]})
 
 
 async def get_model(request: Request) -> Response:
     rt: Runtime = request.app.state.rt
-    if not authorized(rt, request.headers):
-        return _unauthorized()
     model = served_model(rt)
     if request.path_params["model_id"] != model["id"]:
         return openai_error(404, f"the model {request.path_params['model_id']!r} does not exist; this server serves "
@@ -193,8 +197,6 @@ async def get_model(request: Request) -> Response:
 
 async def speech(request: Request) -> Response:
     rt: Runtime = request.app.state.rt
-    if not authorized(rt, request.headers):
-        return _unauthorized()
     if rt.draining:  # before reading the body: a balancer may retry the request on another worker
         rt.metrics.refused.labels("draining").inc()
         return openai_error(503, DRAINING_MESSAGE)
@@ -226,9 +228,24 @@ async def speech(request: Request) -> Response:
 
 async def _synthesize(rt: Runtime, sreq: SpeechRequest, req: TTSRequest, pcm_rate: int,
                       refs: list[Reference]) -> Response:
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+    # Bounded as /v1/tts's body (docs/security.md, slow clients): a client that stops reading holds its session back,
+    # and one that takes nothing for send_timeout_seconds ends it with an error, its slot back at once.
+    queue = BodyQueue(rt.config.limits.send_timeout_seconds)
     failure: list[str] = []
-    encoder = SpeechEncoder(sreq.response_format, sreq.sample_rate, sreq.speed, pcm_rate, queue.put)
+    stalled: list[str] = []  # the client stopped reading: why (BodyQueue's refusal)
+
+    async def emit(chunk: bytes) -> None:
+        # Called inside on_audio, or by the AAC encoder's reader task, where a raise would end only that task: the
+        # refusal is kept for on_audio / on_finish to end the session with, and what the encoder still makes is
+        # dropped (the reader keeps reading it, so ffmpeg and on_audio never block on a full pipe).
+        if stalled:
+            return
+        try:
+            await queue.put(chunk)
+        except SessionError as e:
+            stalled.append(str(e))
+
+    encoder = SpeechEncoder(sreq.response_format, sreq.sample_rate, sreq.speed, pcm_rate, emit)
     try:
         await encoder.start()
     except ffmpeg.FfmpegError as e:
@@ -246,25 +263,34 @@ async def _synthesize(rt: Runtime, sreq: SpeechRequest, req: TTSRequest, pcm_rat
     async def on_audio(audio: bytes, extra: dict[str, object]) -> None:
         pcm = np.frombuffer(audio, dtype="<i2").astype(np.float32) / np.float32(32767.0)  # float_to_s16's scale
         try:
-            await encoder.push(pcm)
+            if not stalled:
+                await encoder.push(pcm)
         except ffmpeg.FfmpegError as e:
-            raise SessionError(str(e)) from None
+            raise SessionError(stalled[0] if stalled else str(e)) from None
+        if stalled:
+            raise SessionError(stalled[0])
 
     async def on_finish(reason: str, message: str | None) -> None:
         # The session ignores what this raises, so every way out must end the body.
         try:
-            if reason == "error":
-                failure.append(message or "synthesis failed")
-                rt.metrics.errors.inc()
-            else:
-                await encoder.finish()
+            if reason != "error" and not stalled:
+                await encoder.finish()  # (its last audio may find the client not reading: `stalled`)
         except ffmpeg.FfmpegError as e:
             failure.append(str(e))
         finally:
-            await queue.put(None)
+            if reason == "error" or stalled:  # (the session's message is the stall's when on_audio found it)
+                failure.insert(0, message or (stalled[0] if stalled else "synthesis failed"))
+                rt.metrics.errors.inc()
+            queue.end()
 
-    session = Session(req, handle, on_audio, on_finish, rt.model_format, rt.sample_rate,
-                      metrics=rt.metrics.session(), pad_last_message=False)
+    try:
+        session = Session(req, handle, on_audio, on_finish, rt.model_format, rt.sample_rate,
+                          metrics=rt.metrics.session(), pad_last_message=False,
+                          max_unsent_seconds=rt.config.limits.max_unsent_audio_seconds)
+    except ValueError as e:  # settings the validator let through and the engine cannot take: still the client's
+        handle.close()
+        encoder.abort()
+        return openai_error(400, str(e))
     session.start()
     session.flush()
     stopper = asyncio.create_task(session.stop())
@@ -286,6 +312,7 @@ async def _synthesize(rt: Runtime, sreq: SpeechRequest, req: TTSRequest, pcm_rat
             chunk = first
             while chunk is not None:
                 yield chunk
+                queue.taken()  # (it went out: room for the next)
                 chunk = await queue.get()
         finally:
             handle.cancel()
