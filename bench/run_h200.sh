@@ -2,13 +2,17 @@
 # How the GPU numbers in bench/results and latency_reports were produced (one H200, no internet).
 # Usage on the GPU machine, from the repository root:
 #   bench/run_h200.sh OUT_DIR [tests] [kernels] [layer] [sched] [fp8] [profile] [prefill] [pkernels] [codec] [pgraphs]
-#                     [ttfa] [tput] [codecprec] [tm] [tmab]
+#                     [ttfa] [tput] [codecprec] [tm] [tmab] [soak]
 # (SCHED_CONC=1,16,64 picks the scheduler concurrencies, KERNEL_ARGS extra kernel-bench flags; RTTS_CODEC_GRAPHS=0 /
 # RTTS_PREFILL_GRAPHS=0 serve the ttfa step without codec / turn-prefill CUDA graphs, TTFA_NAME names its report,
 # TTFA_CONC / TTFA_MAX_RUNNING / TTFA_PREFILL_ROWS its concurrencies, server slots and prompts per prefill batch,
 # TTFA_FP8=1 serves FP8 linears; tput: `rtts serve --fp8` with 64 slots and the probe's throughput mode at
 # TPUT_CONC (default 1,16,32,64), a 10 s stored voice, TPUT_TURNS turns of TPUT_FRAMES frames; CODEC_MODES /
-# CODEC_CONC the codec step's runs)
+# CODEC_CONC the codec step's runs; soak: clients/soak.py against `rtts serve --fp8` with 64 slots, SOAK_CONC (64)
+# clients for SOAK_WARMUP (60) s of warm-up then SOAK_SECONDS (600) s measured, idle RSS growth bound SOAK_RSS_MB (256);
+# it needs httpx and psutil. It runs longer than one device call may (10 min): start it detached,
+#   nohup bench/run_h200.sh /tmp/soak soak > /tmp/soak.log 2>&1 &
+# and copy /tmp/soak into the call's $OUT about 14 minutes later; its report goes to bench/results/soak/)
 # Python packages the image lacks travel as wheels in .whl/ (see the device tool's README).
 # Pass RTTS_COMMIT=<sha> from the machine that sent the tree: the copy on the GPU machine may carry a stale .git.
 set -u
@@ -77,5 +81,16 @@ for step in "$@"; do
         --hardware "1x H200, FP8 linears, bf16, rtts kernels, 64 slots ${TPUT_SERVE_ARGS:-}" \
         --commit "${RTTS_COMMIT:-unknown}" --out "$OUT" 2>&1 | grep -v "^|" | tail -8
       kill -INT $pid; sleep 3; tail -3 "$OUT/serve-tput.log" ;;
+    soak)
+      python3 -m rtts serve --random-preset s2-pro --fp8 --device cuda --max-running 64 --max-ctx 2048 --port 8092 \
+        --voices-dir /tmp/rh/soak-voices > "$OUT/serve-soak.log" 2>&1 &
+      pid=$!
+      wait_healthy 8092 180
+      timeout $(( ${SOAK_WARMUP:-60} + ${SOAK_SECONDS:-600} + 300 )) python3 clients/soak.py --url http://127.0.0.1:8092 \
+        --concurrency ${SOAK_CONC:-64} --warmup ${SOAK_WARMUP:-60} --duration ${SOAK_SECONDS:-600} --max-new-tokens 200 \
+        --server-pid $pid --server-log "$OUT/serve-soak.log" --rss-growth-mb ${SOAK_RSS_MB:-256} \
+        --name "${SOAK_NAME:-h200-s2pro-random-fp8-soak-c64}" --hardware "1x H200, FP8 linears, bf16, 64 slots" \
+        --commit "${RTTS_COMMIT:-unknown}" --out "$OUT" 2>&1 | tail -30
+      kill -INT $pid; sleep 3; tail -3 "$OUT/serve-soak.log" ;;
   esac
 done

@@ -174,7 +174,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         api_keys=tuple(args.api_key), voices_dir=voices,
         max_reference_seconds=args.max_reference_seconds, cuda_graphs=not args.no_cuda_graphs, freeze_gc=True,
         codec_graphs=args.codec_graphs, prefill_graphs=args.prefill_graphs, codec_tf32=args.codec_tf32,
-        codec_dtype=args.codec_dtype, fp8=args.fp8, exit_on_failure=True,
+        codec_dtype=args.codec_dtype, fp8=args.fp8, exit_on_failure=True, trim_when_idle=True,
         drain_grace=args.drain_grace,
     )
     if args.random_preset is None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from rtts.allocator import IdleTrimmer
 from rtts.engine.engine import DEFAULT_PREFILL_ROWS, Engine
 from rtts.metrics import Metrics
 from rtts.model.codec import Codec, load_codec
@@ -71,6 +72,9 @@ class ServerConfig:
     # End the process (status EXIT_WORKER_FAILED) once the server failed, so that a supervisor restarts it. A
     # process-wide action: `rtts serve` turns it on; in-process servers (tests) watch Runtime.failure instead.
     exit_on_failure: bool = False
+    # Give freed heap memory back to the OS whenever no turn has generated for a while (rtts.allocator): a
+    # process-wide action, which `rtts serve` turns on.
+    trim_when_idle: bool = False
     # SIGTERM: seconds open sessions get to finish before the rest end with finish/error (rtts.ws.server)
     drain_grace: float = 30.0
 
@@ -131,6 +135,7 @@ class Runtime:
         self.failure: str | None = None
         # Called once (from the failing thread) with the reason, when the server fails.
         self.failure_hooks: list[Callable[[str], None]] = []
+        self.trimmer: IdleTrimmer | None = None
         self.scheduler.on_failure = self.fail
         self.http_requests = 0  # HTTP requests in progress, probes aside (rtts.ws.app): a drain waits for them
 
@@ -156,6 +161,8 @@ class Runtime:
             log.info("warm-up synthesis took %.2f s", time.perf_counter() - t0)
         if self.config.freeze_gc:
             freeze_startup_objects()
+        if self.config.trim_when_idle:
+            self.trimmer = IdleTrimmer(lambda: not self.scheduler.generating).start()
         self.ready = True
         if self.default_model:
             log.warning("serving the embedded default model: tiny random weights, it produces NOISE, not speech. "
@@ -221,6 +228,8 @@ class Runtime:
 
     def stop(self) -> None:
         self.ready = False
+        if self.trimmer is not None:
+            self.trimmer.stop()
         self.scheduler.stop()
         self.metrics.close()
 

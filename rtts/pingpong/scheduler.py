@@ -175,6 +175,11 @@ class Scheduler:
         self.prefill.inbox.put(Release(stream))
 
     @property
+    def generating(self) -> bool:
+        """Whether any turn is being prefilled, decoded or decoded to audio (read across threads: a hint)."""
+        return bool(self.prefill.pending or self.decode.running or self.codec_worker.pending)
+
+    @property
     def active_streams(self) -> int:
         with self._lock:
             return len(self.streams)

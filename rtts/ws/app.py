@@ -11,7 +11,7 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
@@ -174,7 +174,14 @@ def create_app(rt: Runtime) -> Starlette:
         response.headers.update(exc.headers or {})  # a 405's Allow
         return response
 
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error},
+    async def client_gone(request: Request, exc: Exception) -> Response:
+        # The client hung up while sending its request body: nobody is left to read an answer (uvicorn drops it),
+        # and it is no server error (no traceback in the log).
+        log.info("%s %s: the client left while sending its body", request.method, request.url.path)
+        return Response(status_code=400)
+
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error, ClientDisconnect: client_gone},
                     middleware=[Middleware(AuthMiddleware, keys=rt.config.api_keys),
                                 Middleware(CountRequests, rt=rt)])
     install_log_redaction()  # a key sent as ?api_key= never reaches uvicorn's access log
