@@ -24,6 +24,8 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 gpus="" workers="" device="cuda" bind="*:8080" stats="127.0.0.1:8404" base_port=8081 drain_grace=30 run_dir="rtts-run"
 die() { echo "launch.sh: $*" >&2; exit 2; }
+# `wait -n -p` (which process ended) came with bash 5.1 (Debian 12, Ubuntu 22.04).
+(( BASH_VERSINFO[0] > 5 || (BASH_VERSINFO[0] == 5 && BASH_VERSINFO[1] >= 1) )) || die "needs bash 5.1 or later"
 while [ "$#" -gt 0 ]; do
     case "$1" in
         --gpus) gpus="$2"; shift 2 ;;
