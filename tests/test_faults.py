@@ -244,8 +244,10 @@ def test_a_worker_that_keeps_failing_dies_and_fails_the_scheduler(tiny: LoadedMo
             end = drain(h.speak("hello", SamplingParams(seed=i)))
             assert end.reason == FinishReason.ERROR and "injected" in end.message
             h.close()
+            wait_for(lambda: sch.slots.free == 2)  # a closed stream's slot comes back asynchronously
             h = sch.open()
         assert sch.failure is None
+        wait_for(lambda: sch.slots.free == 1)
         waiting = sch.open()  # a stream with a turn queued when the worker dies: its turn ends too
         outbox = h.speak("the last straw", SamplingParams(seed=99))
         end = drain(outbox)
