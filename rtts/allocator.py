@@ -2,10 +2,10 @@
 
 Why: under load, the server's native heap (glibc malloc, which torch's CPU tensors, NumPy arrays, the audio encoders
 and the sockets' buffers all use, from many threads and so many arenas) grows to the working set of the heaviest
-moment and keeps it: memory freed in the middle of an arena stays mapped. Measured on the tiny model on CPU
-(clients/soak.py, bench/results/soak/): Python's own objects and traced allocations stay flat while RSS climbs to a
-plateau that depends on the concurrency (about +0.3 GB at 8 clients, +0.6 GB at 16), and `malloc_trim` gives nearly
-all of it back: it is allocator retention, not a leak. Fixing glibc's mmap threshold instead (no heap growth for
+moment and keeps it: memory freed in the middle of an arena stays mapped. Measured on the tiny model on CPU with
+aborted HTTP streams (bench/results/soak/README.md): Python's own objects and traced allocations stay flat while RSS
+climbs to a plateau that depends on the concurrency (about +0.13 GB at 8 at once, +0.5 GB at 16), and `malloc_trim`
+gives nearly all of it back: it is allocator retention, not a leak. Fixing glibc's mmap threshold instead (no heap growth for
 large blocks) bounded it too, but cost about 40% of the CPU model's throughput (every large tensor became an
 mmap/munmap pair).
 
