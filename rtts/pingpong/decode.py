@@ -127,7 +127,8 @@ class DecodeWorker:
                 raise
             except Exception as e:  # this turn's alone
                 self._fail_turn(msg.stream, msg.turn, self.faults.stream_fault(e, f"stream {msg.stream.id}'s "
-                                                                                  f"{type(msg).__name__}"))
+                                                                                  f"{type(msg).__name__}"),
+                                handed_over=isinstance(msg, Admit))
         return True
 
     def _on_turn_message(self, msg: Admit | CancelTurn) -> None:
@@ -157,13 +158,15 @@ class DecodeWorker:
             log.exception("decode worker: freezing a failed slot")
         self._fail_turn(run.stream, run.turn, message)
 
-    def _fail_turn(self, stream: Stream, turn: Turn, message: str) -> None:
+    def _fail_turn(self, stream: Stream, turn: Turn, message: str, handed_over: bool = False) -> None:
+        """handed_over: the prefill thread had passed the turn on to this one (an Admit), which ends it even if it
+        never joined the batch; otherwise only a running turn is this thread's to end."""
         stream.fail(message)
         turn.cancelled = True
         run = self.running.get(stream.slot)
         if run is not None and run.turn is turn:
             self._retire(run, FinishReason.ERROR, message)
-        elif not turn.outbox.closed:  # (an Admit that failed before it ran): end it as _retire would
+        elif handed_over and not turn.outbox.closed:  # (an Admit that failed before it ran): end it as _retire would
             self.to_codec.put(CodecFrames(stream, turn, torch.empty(0, 0, dtype=torch.int64), final=True,
                                           reason=FinishReason.ERROR, message=message))
             self.on_turn_end(stream)

@@ -91,6 +91,9 @@ class Scheduler:
         try:
             target()
         except BaseException as e:
+            if self._stopping:  # the scheduler is going down anyway: nothing is left to fail
+                log.exception("worker thread %s failed while stopping", name)
+                return
             log.critical("worker thread %s died", name, exc_info=e)
             self._fail(f"the {name} thread died: {describe(e)}")
             return
