@@ -10,7 +10,7 @@
 # TPUT_CONC (default 1,16,32,64), a 10 s stored voice, TPUT_TURNS turns of TPUT_FRAMES frames; CODEC_MODES /
 # CODEC_CONC the codec step's runs; soak: clients/soak.py against `rtts serve --fp8` with 64 slots, SOAK_CONC (64)
 # clients for SOAK_WARMUP (60) s of warm-up then SOAK_SECONDS (600) s measured, idle RSS growth bound SOAK_RSS_MB (256);
-# it needs httpx and psutil. It runs longer than one device call may (10 min): start it detached,
+# it runs longer than one device call may (10 min): start it detached,
 #   nohup bench/run_h200.sh /tmp/soak soak > /tmp/soak.log 2>&1 &
 # and copy /tmp/soak into the call's $OUT about 14 minutes later; its report goes to bench/results/soak/)
 # Python packages the image lacks travel as wheels in .whl/ (see the device tool's README).

@@ -23,7 +23,8 @@ durations, the RSS samples, the checks) and a markdown summary beside it, and ex
     python clients/soak.py --url http://127.0.0.1:8080 --concurrency 64 --duration 600 \\
         --server-pid $PID --server-log serve.log --name h200-soak-c64
 
-Needs `websockets`, `httpx`, `ormsgpack` and (for RSS) `psutil`; it imports nothing from the server.
+Needs only `websockets` and `ormsgpack` (the server's own dependencies) and Linux's /proc for the RSS; it imports
+nothing from the server.
 """
 
 from __future__ import annotations
@@ -36,12 +37,8 @@ import io
 import json
 import math
 import os
-import platform
 import random
-import shlex
-import socket
 import statistics
-import subprocess
 import sys
 import time
 import wave
@@ -52,10 +49,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import ormsgpack
 import websockets
 from websockets.asyncio.client import ClientConnection
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import soak_report as report  # noqa: E402  (beside this script)
 
 FORMATS = {"pcm": (8000, 16000, 24000, 44100), "wav": (16000, 44100), "mp3": (44100,), "opus": (48000,),
            "mulaw": (8000,)}
@@ -67,6 +66,55 @@ VOICE_IDS = ("soak-voice-0", "soak-voice-1")
 
 class Failure(Exception):
     """An operation did not end the way it must."""
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes
+
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def dechunk(data: bytes) -> bytes:
+    """A chunked transfer's payload (what arrived of it)."""
+    out, i = bytearray(), 0
+    while i < len(data):
+        end = data.find(b"\r\n", i)
+        if end < 0:
+            break
+        size = int(data[i:end].split(b";")[0] or b"0", 16)
+        if size == 0:
+            break
+        out += data[end + 2:end + 2 + size]
+        i = end + 2 + size + 2
+    return bytes(out)
+
+
+async def http(host: str, port: int, method: str, path: str, body: bytes = b"", content_type: str = "",
+               headers: dict[str, str] | None = None, timeout: float = 60.0) -> Response:
+    """One HTTP/1.1 request on its own connection (closed after the answer), read whole."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    try:
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {host}", "Connection: close", f"Content-Length: {len(body)}"]
+        lines += [f"Content-Type: {content_type}"] if content_type else []
+        lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    if not status_line.startswith("HTTP/"):
+        raise Failure(f"{method} {path}: no HTTP answer ({raw[:80]!r})")
+    if any(h.lower().replace(" ", "") == "transfer-encoding:chunked" for h in header_lines):
+        payload = dechunk(payload)
+    return Response(int(status_line.split()[1]), payload)
 
 
 @dataclass
@@ -252,14 +300,15 @@ class Soak:
         req.pop("references", None)  # (bytes do not go in JSON)
         return json.dumps(req).encode()
 
+    async def call(self, method: str, path: str, body: bytes = b"", content_type: str = "") -> Response:
+        return await http(self.host, self.port, method, path, body, content_type, self.headers, self.args.timeout)
+
     async def http_full(self, rng: random.Random) -> str:
-        async with httpx.AsyncClient(timeout=self.args.timeout, headers=self.headers) as client:
-            r = await client.post(self.http + "/v1/tts", content=self.tts_body(rng),
-                                  headers={"content-type": "application/json"})
-        if r.status_code == 503 and REFUSED in r.text:
+        r = await self.call("POST", "/v1/tts", self.tts_body(rng), "application/json")
+        if r.status == 503 and REFUSED in r.text():
             return "refused"
-        if r.status_code != 200 or not r.content:
-            raise Failure(f"POST /v1/tts: {r.status_code} {r.text[:200]!r}")
+        if r.status != 200 or not r.body:
+            raise Failure(f"POST /v1/tts: {r.status} {r.text()[:200]!r}")
         return "ok"
 
     async def raw_post(self, body: bytes, declared: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -292,16 +341,15 @@ class Soak:
         """A stored voice added or overwritten while sessions use it, then a session with it."""
         voice_id = rng.choice(VOICE_IDS)
         i = rng.randrange(2)
-        async with httpx.AsyncClient(timeout=self.args.timeout, headers=self.headers) as client:
-            r = await client.post(self.http + "/v1/references/add", content=pack(
-                {"id": voice_id, "audio": self.clips[i], "text": "A clip of a voice that says nothing at all."}),
-                headers={"content-type": "application/msgpack"})
-            if r.status_code != 200:
-                raise Failure(f"references/add: {r.status_code} {r.text[:200]!r}")
-            self.stored.add(voice_id)
-            listed = (await client.get(self.http + "/v1/references/list")).json()
-            if voice_id not in listed.get("reference_ids", []):
-                raise Failure(f"{voice_id} missing from references/list")
+        r = await self.call("POST", "/v1/references/add", pack(
+            {"id": voice_id, "audio": self.clips[i], "text": "A clip of a voice that says nothing at all."}),
+            "application/msgpack")
+        if r.status != 200:
+            raise Failure(f"references/add: {r.status} {r.text()[:200]!r}")
+        self.stored.add(voice_id)
+        listed = (await self.call("GET", "/v1/references/list")).json()
+        if voice_id not in listed.get("reference_ids", []):
+            raise Failure(f"{voice_id} missing from references/list")
         async with await self.connect() as ws:
             return await self.speak(ws, rng, reference_id=voice_id)
 
@@ -322,8 +370,7 @@ class Soak:
             t0 = time.monotonic()
             try:
                 outcome = await asyncio.wait_for(op(rng), 3 * self.args.timeout)
-            except (Failure, asyncio.TimeoutError, OSError, websockets.exceptions.WebSocketException,
-                    httpx.HTTPError) as e:
+            except (Failure, asyncio.TimeoutError, OSError, ValueError, websockets.exceptions.WebSocketException) as e:
                 outcome = "FAILED"
                 what = "no answer in time" if isinstance(e, asyncio.TimeoutError) else f"{type(e).__name__}: {e}"
                 self.stats.failures.append(f"{kind}: {what}"[:300])
@@ -334,21 +381,19 @@ class Soak:
 
 
 class RssSampler:
-    """The server's RSS, sampled every second (psutil, the server's pid on this machine)."""
+    """The server's RSS, sampled every second (/proc/<pid>/statm: the server runs on this machine)."""
 
     def __init__(self, pid: int | None) -> None:
         self.samples: list[tuple[float, float]] = []  # (seconds since start, MB)
-        self.process = None
-        if pid is not None:
-            import psutil
-
-            self.process = psutil.Process(pid)
+        self.statm = Path(f"/proc/{pid}/statm") if pid is not None else None
+        if self.statm is not None and not self.statm.exists():
+            raise SystemExit(f"--server-pid {pid}: no such process on this machine")
         self.t0 = time.monotonic()
 
     def sample(self) -> float | None:
-        if self.process is None:
+        if self.statm is None:
             return None
-        mb = self.process.memory_info().rss / 2**20
+        mb = int(self.statm.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
         self.samples.append((round(time.monotonic() - self.t0, 1), round(mb, 1)))
         return mb
 
@@ -363,7 +408,7 @@ class RssSampler:
     async def idle_level(self, settle: float) -> float | None:
         """The RSS once the server has been idle `settle` seconds (an idle server gives freed memory back): the median
         of three samples half a second apart."""
-        if self.process is None:
+        if self.statm is None:
             return None
         await asyncio.sleep(settle)
         levels = []
@@ -383,12 +428,11 @@ async def fresh_session_works(soak: Soak) -> str:
             audio, fin = await soak.finish(ws)
             if fin.get("reason") != "stop":
                 return f"live session: {fin}"
-        async with httpx.AsyncClient(timeout=soak.args.timeout, headers=soak.headers) as client:
-            r = await client.post(soak.http + "/v1/tts", json={"text": "And a fresh request.", "format": "wav",
-                                                                 "max_new_tokens": 16})
-            if r.status_code != 200 or not r.content:
-                return f"POST /v1/tts: {r.status_code} {r.text[:200]}"
-    except (Failure, OSError, asyncio.TimeoutError, websockets.exceptions.WebSocketException, httpx.HTTPError) as e:
+        body = json.dumps({"text": "And a fresh request.", "format": "wav", "max_new_tokens": 16}).encode()
+        r = await soak.call("POST", "/v1/tts", body, "application/json")
+        if r.status != 200 or not r.body:
+            return f"POST /v1/tts: {r.status} {r.text()[:200]}"
+    except (Failure, OSError, ValueError, asyncio.TimeoutError, websockets.exceptions.WebSocketException) as e:
         return f"{type(e).__name__}: {e}"
     return ""
 
@@ -396,86 +440,13 @@ async def fresh_session_works(soak: Soak) -> str:
 async def slots_back(soak: Soak, max_running: int, timeout: float) -> tuple[bool, Any]:
     deadline = time.monotonic() + timeout
     free: Any = None
-    async with httpx.AsyncClient(timeout=10) as client:
-        while time.monotonic() < deadline:
-            r = await client.get(soak.http + "/v1/health")
-            free = r.json().get("free_slots") if r.status_code == 200 else r.json()
-            if free == max_running:
-                return True, free
-            await asyncio.sleep(0.5)
+    while time.monotonic() < deadline:
+        r = await soak.call("GET", "/v1/health")
+        free = r.json().get("free_slots") if r.status == 200 else r.json()
+        if free == max_running:
+            return True, free
+        await asyncio.sleep(0.5)
     return False, free
-
-
-def tracebacks(log: Path | None, offset: int) -> list[str]:
-    """The first line after each 'Traceback' in the server's log since `offset` (its size when the soak began)."""
-    if log is None:
-        return []
-    with open(log, "rb") as f:
-        f.seek(offset)
-        lines = f.read().decode("utf-8", "replace").splitlines()
-    return [" | ".join(lines[i:i + 3])[:300] for i, line in enumerate(lines) if "Traceback" in line]
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=False, cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
-def machine(hardware: str) -> dict[str, Any]:
-    info: dict[str, Any] = {"host": socket.gethostname(), "platform": platform.platform(),
-                            "python": platform.python_version(), "cpus": os.cpu_count(), "notes": hardware}
-    try:
-        gpus = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=10, check=False).stdout.strip()
-        if gpus:
-            info["gpus"] = gpus.splitlines()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return info
-
-
-def percentile(xs: list[float], q: float) -> float:
-    return round(sorted(xs)[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else 0.0
-
-
-def markdown(r: dict[str, Any]) -> str:
-    rows = [f"# Soak: {r['name']}", "", f"`{r['command']}`", "",
-            f"commit {r['commit']}, {r['date']}, {r['machine']['platform']}, {r['machine']['cpus']} CPUs"
-            + (f", {', '.join(r['machine']['gpus'])}" if r['machine'].get("gpus") else "")
-            + (f" ({r['machine']['notes']})" if r['machine']['notes'] else ""), "",
-            f"{r['params']['concurrency']} clients for {r['params']['warmup']} s of warm-up and "
-            f"{r['params']['duration']} s measured against {r['server']}: "
-            f"{r['total_operations']} operations, {len(r['failures'])} failed. "
-            f"**{'PASSED' if r['passed'] else 'FAILED'}**", "",
-            "| check | ok | detail |", "|---|---|---|"]
-    rows += [f"| {name} | {'yes' if c['ok'] else '**no**'} | {c['detail']} |" for name, c in r["checks"].items()]
-    rows += ["", "| operation | count | outcomes | p50 s | p95 s |", "|---|---|---|---|---|"]
-    for kind, o in r["operations"].items():
-        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(o["outcomes"].items()))
-        rows.append(f"| {kind} | {o['count']} | {outcomes} | {o['p50_s']} | {o['p95_s']} |")
-    rss = r["rss"]
-    if rss.get("baseline_mb") is not None:
-        rows += ["", f"Server RSS (MB): at the start {rss['start_mb']}, idle after the warm-up {rss['baseline_mb']}, "
-                     f"peak under load {rss['peak_mb']}, idle after the run {rss['end_mb']}: growth "
-                     f"{rss['growth_mb']} (bound {rss['bound_mb']}); slope over the second half of the samples "
-                     f"{rss['slope_mb_per_min']} MB/min."]
-    if r["failures"]:
-        rows += ["", "First failures:", ""] + [f"- {f}" for f in r["failures"][:20]]
-    return "\n".join(rows) + "\n"
-
-
-def slope(samples: list[tuple[float, float]]) -> float:
-    """Least-squares MB per minute over the second half of the samples (a leak keeps climbing; a plateau is ~0)."""
-    half = samples[len(samples) // 2:]
-    if len(half) < 3:
-        return 0.0
-    ts, ms = [t for t, _ in half], [m for _, m in half]
-    mt, mm = statistics.fmean(ts), statistics.fmean(ms)
-    den = sum((t - mt) ** 2 for t in ts)
-    return round(60 * sum((t - mt) * (m - mm) for t, m in zip(ts, ms)) / den, 2) if den else 0.0
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -483,8 +454,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     soak = Soak(args)
     log = Path(args.server_log) if args.server_log else None
     offset = log.stat().st_size if log is not None and log.exists() else 0
-    async with httpx.AsyncClient(timeout=30, headers=soak.headers) as client:
-        info = (await client.get(soak.http + "/v1/info")).json()
+    info = (await soak.call("GET", "/v1/info")).json()
     max_running = int(info["max_running"])
     rss = RssSampler(args.server_pid)
     stop = asyncio.Event()
@@ -505,7 +475,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     stop.set()
     await sampler
     fresh = await fresh_session_works(soak)
-    traces = tracebacks(log, offset)
+    traces = report.tracebacks(log, offset)
     ops: dict[str, Any] = {}
     for key, n in sorted(soak.stats.counts.items()):
         kind, outcome = key.split(":", 1)
@@ -513,8 +483,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         o["count"] += n
         o["outcomes"][outcome] = n
     for kind, o in ops.items():
-        o["p50_s"] = percentile(soak.stats.durations[kind], 0.5)
-        o["p95_s"] = percentile(soak.stats.durations[kind], 0.95)
+        o["p50_s"] = report.percentile(soak.stats.durations[kind], 0.5)
+        o["p95_s"] = report.percentile(soak.stats.durations[kind], 0.95)
     checks: dict[str, dict[str, Any]] = {
         "no operation failed": {"ok": not soak.stats.failures, "detail": f"{len(soak.stats.failures)} failed"},
         "every slot free again": {"ok": ok_slots and ok_warm, "detail": f"free_slots {free} of {max_running}"},
@@ -527,29 +497,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if end is not None and baseline is not None:
         growth = round(end - baseline, 1)
         rss_report.update(start_mb=rss.samples[0][1], baseline_mb=baseline, end_mb=end, growth_mb=growth,
-                          peak_mb=max(mb for _, mb in rss.samples), slope_mb_per_min=slope(rss.samples))
+                          peak_mb=max(mb for _, mb in rss.samples), slope_mb_per_min=report.slope(rss.samples))
         checks["RSS growth under the bound"] = {
             "ok": growth <= args.rss_growth_mb,
             "detail": f"idle after the warm-up {baseline:.0f} MB, idle after the run {end:.0f} MB: {growth:+.0f} MB "
                       f"(bound {args.rss_growth_mb:g}; peak under load {rss_report['peak_mb']:.0f})"}
     return {
-        "name": args.name, "command": recorded_command(args), "commit": args.commit or commit(),
+        "name": args.name, "command": report.recorded_command(args), "commit": args.commit or report.commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(args.hardware), "server": soak.http, "server_info": info,
+        "machine": report.machine(args.hardware), "server": soak.http, "server_info": info,
         "params": {k: v for k, v in vars(args).items() if k not in ("api_key",)}, "elapsed_s": round(elapsed, 1),
         "total_operations": sum(o["count"] for o in ops.values()), "operations": ops,
         "audio_mb_received": round(soak.audio_bytes / 2**20, 1),
         "failures": soak.stats.failures, "tracebacks": traces, "rss": rss_report, "checks": checks,
         "passed": all(c["ok"] for c in checks.values()),
     }
-
-
-def recorded_command(args: argparse.Namespace) -> str:
-    words = ["python", "clients/soak.py"]
-    for k, v in vars(args).items():
-        if v is not None and k != "api_key":
-            words += [f"--{k.replace('_', '-')}", str(v)]
-    return shlex.join(words)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -577,16 +539,16 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    report = asyncio.run(run(args))
+    result = asyncio.run(run(args))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"{report['date'][:10]}_{report['commit']}_{args.name}"
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=1))
-    text = markdown(report)
+    stem = f"{result['date'][:10]}_{result['commit']}_{args.name}"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    text = report.markdown(result)
     (out / f"{stem}.md").write_text(text)
     print(text)
     print(f"wrote {out / stem}.json")
-    return 0 if report["passed"] else 1
+    return 0 if result["passed"] else 1
 
 
 if __name__ == "__main__":
