@@ -118,7 +118,7 @@ class DecodeWorker:
                     self.faults.stream_fault(e, f"releasing stream {msg.stream.id}")
                 finally:  # the slot comes back whatever happened above (see the prefill thread's Release)
                     self.running.pop(msg.stream.slot, None)
-                    self.slots.release(msg.stream.slot, self.dev.record())
+                    self._give_back(msg.stream)
                 continue
             assert isinstance(msg, (Admit, CancelTurn))
             try:
@@ -130,6 +130,14 @@ class DecodeWorker:
                                                                                   f"{type(msg).__name__}"),
                                 handed_over=isinstance(msg, Admit))
         return True
+
+    def _give_back(self, stream: Stream) -> None:
+        try:
+            self.slots.release(stream.slot, self.dev.record())
+        except WorkerDied:
+            raise
+        except Exception as e:  # (the allocator refuses a double release: a bug, logged, and no one else's fault)
+            self.faults.stream_fault(e, f"returning stream {stream.id}'s slot")
 
     def _on_turn_message(self, msg: Admit | CancelTurn) -> None:
         if isinstance(msg, Admit):
