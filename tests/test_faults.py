@@ -218,6 +218,7 @@ def test_a_faulted_stream_fails_its_later_turns_and_a_new_stream_works(tiny: Loa
         assert drain(good.speak("hello", SamplingParams(seed=2))).ok
         assert drain(bad.speak("again", SamplingParams(seed=3))).reason == FinishReason.ERROR
         bad.close()
+        wait_for(lambda: sch.slots.free == 1)  # (a closed stream's slot comes back asynchronously)
         again = sch.open()
         assert drain(again.speak("hello", SamplingParams(seed=4))).ok
         for h in (good, again):
