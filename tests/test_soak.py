@@ -74,39 +74,51 @@ def test_soak_a_minute_on_the_tiny_model(golden: Path, tmp_path: Path) -> None:
             server.wait()
 
 
+# Run in a fresh interpreter: inside the suite's process (gigabytes of heap freed and reused by earlier tests) how much
+# a new allocation grows the RSS depends on what ran before.
+_TRIMMER_CHECK = """
+import sys, time
+from rtts.allocator import IdleTrimmer, rss_bytes
+
+busy = [True]
+trimmer = IdleTrimmer(lambda: not busy[0], idle_seconds=0.2, min_interval=0.0, poll_seconds=0.02)
+if trimmer.trim is None:
+    sys.exit(77)  # not glibc
+before = rss_bytes()
+blocks = [bytearray(100_000) for _ in range(2000)]  # 200 MB of heap blocks (below the mmap threshold)
+keep = blocks[-1]  # the last block pins the heap's top: freeing the others cannot shrink it from the end
+del blocks
+assert rss_bytes() > before + 150 * 2**20, "freed, and still held by the process"
+trimmer.start()
+try:
+    time.sleep(0.5)
+    assert trimmer.trims == 0, "busy"
+    busy[0] = False
+    deadline = time.monotonic() + 10
+    while trimmer.trims == 0:
+        assert time.monotonic() < deadline, "no trim while idle"
+        time.sleep(0.02)
+    time.sleep(0.5)
+    assert trimmer.trims == 1, "once per idle period"
+    assert rss_bytes() < before + 100 * 2**20, "the 200 MB freed above are back with the OS"
+    busy[0] = True
+    time.sleep(0.1)
+    busy[0] = False
+    deadline = time.monotonic() + 10
+    while trimmer.trims == 1:
+        assert time.monotonic() < deadline, "no trim after new activity"
+        time.sleep(0.02)
+finally:
+    trimmer.stop()
+del keep
+"""
+
+
 def test_the_idle_trimmer_gives_freed_heap_back_once_per_idle_period() -> None:
     """rtts.allocator.IdleTrimmer: nothing while busy, one malloc_trim once idle long enough after activity, none
     again until there was activity, and what it returns shows in the RSS."""
-    from rtts.allocator import IdleTrimmer, rss_bytes
-
-    busy = [True]
-    trimmer = IdleTrimmer(lambda: not busy[0], idle_seconds=0.2, min_interval=0.0, poll_seconds=0.02)
-    if trimmer.trim is None:
+    done = subprocess.run([sys.executable, "-c", _TRIMMER_CHECK], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    if done.returncode == 77:
         pytest.skip("not glibc")
-    before = rss_bytes()
-    blocks = [bytearray(100_000) for _ in range(2000)]  # 200 MB of heap blocks (below the mmap threshold)
-    keep = blocks[-1]  # the last block pins the heap's top: freeing the others cannot shrink it from the end
-    del blocks
-    assert rss_bytes() > before + 150 * 2**20  # freed, and still held by the process
-    trimmer.start()
-    try:
-        time.sleep(0.5)
-        assert trimmer.trims == 0  # busy
-        busy[0] = False
-        deadline = time.monotonic() + 10
-        while trimmer.trims == 0:
-            assert time.monotonic() < deadline, "no trim while idle"
-            time.sleep(0.02)
-        time.sleep(0.5)
-        assert trimmer.trims == 1  # once per idle period
-        assert rss_bytes() < before + 100 * 2**20  # the 200 MB freed above are back with the OS
-        busy[0] = True
-        time.sleep(0.1)
-        busy[0] = False
-        deadline = time.monotonic() + 10
-        while trimmer.trims == 1:
-            assert time.monotonic() < deadline, "no trim after new activity"
-            time.sleep(0.02)
-    finally:
-        trimmer.stop()
-    del keep
+    assert done.returncode == 0, done.stderr[-3000:]
