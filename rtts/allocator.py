@@ -5,9 +5,9 @@ and the sockets' buffers all use, from many threads and so many arenas) grows to
 moment and keeps it: memory freed in the middle of an arena stays mapped. Measured on the tiny model on CPU with
 aborted HTTP streams (bench/results/soak/README.md): Python's own objects and traced allocations stay flat while RSS
 climbs to a plateau that depends on the concurrency (about +0.13 GB at 8 at once, +0.5 GB at 16), and `malloc_trim`
-gives nearly all of it back: it is allocator retention, not a leak. Fixing glibc's mmap threshold instead (no heap growth for
-large blocks) bounded it too, but cost about 40% of the CPU model's throughput (every large tensor became an
-mmap/munmap pair).
+gives nearly all of it back: it is allocator retention, not a leak. Fixing glibc's mmap threshold instead (no heap
+growth for large blocks) bounded it too, but cost about 40% of the CPU model's throughput (every large tensor became
+an mmap/munmap pair).
 
 So the trimming waits until no turn is generating (nothing streams, so no thread waits on an arena lock the trim
 holds) and has been for `IDLE_SECONDS`, then runs once per idle period, at most once per `MIN_INTERVAL`. A long busy
