@@ -232,12 +232,12 @@ def test_long_voice_prompt_does_not_starve_turns(tiny: LoadedModel) -> None:
         wait_for(lambda: not sch.prefill.pending)
         codes = torch.zeros(10, 300, dtype=torch.int64)
         long = sch.open([Reference("a long reference", codes)])
-        t0 = time.perf_counter()
         _, end = drain(short.speak("quick", params(1, 4)))
         assert end.ok
         long_done = [j for j in sch.prefill.pending if j.stream is long.stream]
+        # The check is that the long prompt is still being prefilled when the short turn ends, not a wall-clock bound
+        # (a loaded CI machine stretches every simulated step).
         assert long_done, "the short turn had to wait for the whole long voice prompt"
-        assert time.perf_counter() - t0 < 300 / 16 * 0.02
         _, end = drain(long.speak("after", params(2, 4)))
         assert end.ok
         short.close()
