@@ -17,9 +17,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from rtts.audio.encode import AudioFormatError
-from rtts.pingpong import NoSlotError, WorkerFailed
+from rtts.pingpong import NoSlotError, StreamHandle, WorkerFailed
+from rtts.request import TTSRequest
 from rtts.runtime import DRAINING_MESSAGE, Runtime
-from rtts.session import Session, SessionError, output_spec, resolve_references
+from rtts.session import OnAudio, OnFinish, Session, SessionError, output_spec, resolve_references
 from rtts.voices import VoiceError
 from rtts.ws import auth
 from rtts.ws.parse import ProtocolError, as_str, decode_base64, describe
@@ -128,6 +129,14 @@ def authorized(rt: Runtime, headers: Any) -> bool:
     return auth.authorized(rt.config.api_keys, headers)
 
 
+def body_session(rt: Runtime, req: TTSRequest, handle: StreamHandle, on_audio: OnAudio,
+                 on_finish: OnFinish) -> Session:
+    """A session whose audio goes out as one HTTP response body (/v1/tts, /v1/audio/speech): no padding of its last
+    message, and the unsent-audio bound of a live session. ValueError: settings the engine cannot take."""
+    return Session(req, handle, on_audio, on_finish, rt.model_format, rt.sample_rate, metrics=rt.metrics.session(),
+                   pad_last_message=False, max_unsent_seconds=rt.config.limits.max_unsent_audio_seconds)
+
+
 async def tts(request: Request) -> Response:
     rt: Runtime = request.app.state.rt
     if not authorized(rt, request.headers):
@@ -170,9 +179,7 @@ async def tts(request: Request) -> Response:
         queue.end()
 
     try:
-        session = Session(req, handle, on_audio, on_finish, rt.model_format, rt.sample_rate,
-                          metrics=rt.metrics.session(), pad_last_message=False,
-                          max_unsent_seconds=rt.config.limits.max_unsent_audio_seconds)
+        session = body_session(rt, req, handle, on_audio, on_finish)
     except ValueError as e:  # settings the validator let through and the engine cannot take: still the client's
         handle.close()
         return json_error(400, str(e))

@@ -32,9 +32,9 @@ from rtts.model.prompt import Reference
 from rtts.pingpong import NoSlotError, WorkerFailed
 from rtts.request import Limits, TTSRequest
 from rtts.runtime import DRAINING_MESSAGE, Runtime
-from rtts.session import Session, SessionError, output_spec, resolve_references
+from rtts.session import SessionError, output_spec, resolve_references
 from rtts.voices import VoiceError
-from rtts.ws.http import BodyQueue, BodyTooLarge, SynthesisFailed, read_body
+from rtts.ws.http import BodyQueue, BodyTooLarge, SynthesisFailed, body_session, read_body
 from rtts.ws.parse import ProtocolError, describe, parse_request
 
 log = logging.getLogger("rtts.openai")
@@ -284,9 +284,7 @@ async def _synthesize(rt: Runtime, sreq: SpeechRequest, req: TTSRequest, pcm_rat
             queue.end()
 
     try:
-        session = Session(req, handle, on_audio, on_finish, rt.model_format, rt.sample_rate,
-                          metrics=rt.metrics.session(), pad_last_message=False,
-                          max_unsent_seconds=rt.config.limits.max_unsent_audio_seconds)
+        session = body_session(rt, req, handle, on_audio, on_finish)
     except ValueError as e:  # settings the validator let through and the engine cannot take: still the client's
         handle.close()
         encoder.abort()
