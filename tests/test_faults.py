@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,7 +38,10 @@ from rtts.engine.engine import Engine
 from rtts.model.loading import LoadedModel, load_model
 from rtts.pingpong import Scheduler, SchedulerConfig, TurnEnd, WorkerFailed
 from rtts.pingpong.codec_stage import CodecWorker
+from rtts.pingpong.device import Device
 from rtts.pingpong.faults import MAX_BATCH_FAULTS
+from rtts.pingpong.outbox import Outbox
+from rtts.pingpong.state import CodecFrames, Stream, Turn
 from rtts.types import FinishReason, SamplingParams
 
 VICTIM = "Faulty words end this session."
@@ -227,8 +231,6 @@ def test_a_faulted_stream_fails_its_later_turns_and_a_new_stream_works(tiny: Loa
         assert sch.failure is None and sch.prefill.faults.batch_faults == 0
 
 
-@pytest.mark.skip(reason="race under investigation: now and then a turn of a freshly opened stream ends CANCELLED "
-                         "(0 frames, no message) instead of ERROR while every decode step fails (1 in 3 fresh CI runs)")
 def test_a_worker_that_keeps_failing_dies_and_fails_the_scheduler(tiny: LoadedModel,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Every decode step raising: each turn fails alone until MAX_BATCH_FAULTS steps in a row have failed with no
@@ -262,6 +264,70 @@ def test_a_worker_that_keeps_failing_dies_and_fails_the_scheduler(tiny: LoadedMo
         assert end.reason == FinishReason.ERROR and "server failed" in end.message
         with pytest.raises(WorkerFailed):
             sch.open()
+
+
+def test_a_failed_step_ends_its_turn_with_an_error_while_the_codec_holds_frame_0(
+        tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interleaving that made a failed turn look cancelled: the codec thread has taken the turn's frame 0 from its
+    inbox, the decode thread's step fails and stops the turn, and only then does the codec pick its ready turns (the
+    turn's final ERROR still queued behind). The turn ends with the step's error, not CANCELLED. Events pin the order:
+    the step raises once the codec holds frame 0, and the codec goes on once the decode thread has retired the turn."""
+    engine = FakeEngine(tiny, 2, max_ctx=512)
+    sch = Scheduler(engine, FakeCodec(), SchedulerConfig())  # type: ignore[arg-type]
+    codec, decode = sch.codec_worker, sch.decode
+    took_frame0, retired = threading.Event(), threading.Event()
+    held: list[bool] = []
+    real_drain, real_retire = codec._drain, decode._retire
+
+    def drain_then_hold(block: bool) -> bool:
+        going_on = real_drain(block)
+        if not held and any(not a.final for a in codec.pending.values()):
+            took_frame0.set()
+            held.append(retired.wait(TIMEOUT))
+        return going_on
+
+    def step(*a: object, **k: object) -> None:
+        took_frame0.wait(TIMEOUT)
+        raise RuntimeError("injected step fault")
+
+    def retire(*a: Any, **k: Any) -> None:
+        real_retire(*a, **k)
+        retired.set()
+
+    monkeypatch.setattr(codec, "_drain", drain_then_hold)
+    monkeypatch.setattr(decode, "_retire", retire)
+    monkeypatch.setattr(engine, "decode_batch", step)
+    with sch:
+        h = sch.open()
+        end = drain(h.speak("hello", SamplingParams(seed=1)))
+        assert held == [True], "the interleaving was not reached"
+        assert end.reason == FinishReason.ERROR and "decode failed" in end.message and "injected" in end.message, end
+        h.close()
+        wait_for(lambda: sch.slots.free == 2)
+        assert sch.failure is None
+
+
+@pytest.mark.parametrize("stop", ["fault", "cancel"])
+def test_the_codec_ends_a_stopped_turn_as_its_stop_says(tiny: LoadedModel, stop: str) -> None:
+    """A turn stopped while the codec holds frames of it and before any final message: a fault's stop (Turn.fail, as
+    the workers and a server failure call it) ends it with ERROR and the fault's message, the client's cancel with
+    CANCELLED and no message."""
+    worker = CodecWorker(FakeCodec(), Device(torch.device("cpu")), 3)  # type: ignore[arg-type]
+    stream = Stream(0)
+    turn = Turn("hello", SamplingParams(), Outbox())
+    worker.inbox.put(CodecFrames(stream, turn, torch.zeros(1, 10, dtype=torch.int64)))
+    assert worker._drain(block=False)
+    if stop == "fault":
+        turn.fail("server failed (injected); retry on a restarted server")
+    else:
+        turn.cancelled = True
+    worker._decode(worker._ready())
+    end = turn.outbox.get(timeout=TIMEOUT)
+    assert isinstance(end, TurnEnd) and end.frames == 0 and not worker.pending
+    if stop == "fault":
+        assert end.reason == FinishReason.ERROR and end.message.startswith("server failed (injected)"), end
+    else:
+        assert end.reason == FinishReason.CANCELLED and end.message == "", end
 
 
 # ----------------------------------------------------------------------------------------- the server fails

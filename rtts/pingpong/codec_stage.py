@@ -145,8 +145,12 @@ class CodecWorker:
         out, seen = [], set()
         for a in self.pending.values():
             if a.turn.cancelled and a.reason != FinishReason.ERROR:
+                # Stopped before its final message came: a fault's ERROR (the message may still be queued behind
+                # this pass) or the client's cancel, as the turn says.
                 a.buffered.clear()
-                a.final, a.reason = True, FinishReason.CANCELLED
+                if a.reason != FinishReason.CANCELLED:
+                    a.reason, a.message = a.turn.stop_reason
+                a.final = True
             if a.stream.slot in seen:
                 continue
             seen.add(a.stream.slot)
@@ -164,7 +168,7 @@ class CodecWorker:
         """A fault hit this turn: it ends with an error once out of this pass (its audio not yet decoded dropped),
         the decode thread stops generating it, and its stream is marked failed (its codec state is suspect)."""
         a.stream.fail(message)
-        a.turn.cancelled = True
+        a.turn.fail(message)
         a.buffered.clear()
         a.final, a.reason, a.message = True, FinishReason.ERROR, message
 
@@ -235,8 +239,9 @@ class CodecWorker:
         """One decoded chunk of a turn into its outbox."""
         a.buffered.clear()
         if a.turn.cancelled:  # cancelled (or failed) while this chunk was decoding: drop it
-            if a.reason != FinishReason.ERROR:
-                a.final, a.reason = True, FinishReason.CANCELLED
+            if a.reason not in (FinishReason.ERROR, FinishReason.CANCELLED):
+                a.reason, a.message = a.turn.stop_reason
+            a.final = True
             return
         a.turn.outbox.put(AudioChunk(np.ascontiguousarray(samples, dtype=np.float32), self.sample_rate, n,
                                      a.delivered, a.turn.t_submit))
@@ -244,7 +249,7 @@ class CodecWorker:
         a.turn.frames_delivered = a.delivered
         if a.turn.outbox.buffered_samples > self.max_buffer_samples and not a.final:
             # The consumer stopped reading: end the turn rather than buffer without bound.
-            a.turn.cancelled = True
+            a.turn.fail("client is not reading audio")
             a.final, a.reason, a.message = True, FinishReason.ERROR, "client is not reading audio"
 
     def _end(self, a: _Audio) -> None:

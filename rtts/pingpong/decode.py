@@ -144,9 +144,9 @@ class DecodeWorker:
             self.dev.wait(msg.ready)
             run = _Running(msg.stream, msg.turn, msg.pos)
             self.running[msg.stream.slot] = run
-            if msg.turn.cancelled:  # cancelled while its prefill finished: never step it
+            if msg.turn.cancelled:  # cancelled (or failed) while its prefill finished: never step it
                 self.engine.cancel(msg.stream.slot)
-                self._retire(run, FinishReason.CANCELLED)
+                self._retire(run, *msg.turn.stop_reason)
         else:
             cur = self.running.get(msg.stream.slot)
             if cur is not None and cur.turn is msg.turn:
@@ -170,7 +170,7 @@ class DecodeWorker:
         """handed_over: the prefill thread had passed the turn on to this one (an Admit), which ends it even if it
         never joined the batch; otherwise only a running turn is this thread's to end."""
         stream.fail(message)
-        turn.cancelled = True
+        turn.fail(message)
         run = self.running.get(stream.slot)
         if run is not None and run.turn is turn:
             self._retire(run, FinishReason.ERROR, message)
@@ -231,7 +231,7 @@ class DecodeWorker:
     def _collect_row(self, run: _Running, col: torch.Tensor, finish: int, event: torch.cuda.Event | None) -> None:
         if run.turn.cancelled:
             self.engine.cancel(run.stream.slot)
-            self._retire(run, FinishReason.CANCELLED)
+            self._retire(run, *run.turn.stop_reason)
             return
         run.turn.frames_sampled += 1
         reason = FinishReason(finish)

@@ -152,7 +152,7 @@ class PrefillWorker:
             self.to_codec.put(CodecReset(stream.slot))
             return True
         if turn.cancelled or stream.error:
-            self._end(job, FinishReason.CANCELLED if turn.cancelled else FinishReason.ERROR, stream.error)
+            self._end(job, *(turn.stop_reason if turn.cancelled else (FinishReason.ERROR, stream.error)))
             return False
         eng.end_turn(stream.slot)  # true KV length after the previous turn (one read per turn)
         if turn.fresh:
@@ -204,7 +204,7 @@ class PrefillWorker:
             if job in self.pending:
                 self.pending.remove(job)
             if job.turn is not None:
-                job.turn.cancelled = True
+                job.turn.fail(message)
                 job.turn.finish(FinishReason.ERROR, message)
 
     def _run(self, batch: list[PrefillJob]) -> None:
@@ -250,7 +250,7 @@ class PrefillWorker:
         turn.frames_sampled = 1
         if turn.cancelled or finish != FinishReason.RUNNING:
             # Frame 0 ended the turn (cap of 1 frame, full context) or the turn was cancelled: it is not kept.
-            self._end(job, FinishReason.CANCELLED if turn.cancelled else finish)
+            self._end(job, *(turn.stop_reason if turn.cancelled else (finish, "")))
             return
         admit = Admit(stream, turn, col, self.engine.host_pos[stream.slot], self.dev.record())
         self.pending.remove(job)  # (last: a fault before it leaves the job to _fail)

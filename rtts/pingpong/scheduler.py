@@ -116,7 +116,7 @@ class Scheduler:
         message = f"server failed ({reason}); retry on a restarted server"
         for stream in streams:
             for turn in stream.unfinished():
-                turn.cancelled = True
+                turn.fail(message)  # a worker that sees the turn stopped ends it with this error too
                 turn.finish(FinishReason.ERROR, message)
 
     def stop(self, timeout: float = 10.0) -> None:

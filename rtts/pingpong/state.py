@@ -45,7 +45,10 @@ class Turn:
     reset_audio: bool = False  # a new session on a reused stream: its codec state starts from silence
     id: int = field(default_factory=lambda: next(_ids))
     t_submit: float = field(default_factory=time.perf_counter)
-    cancelled: bool = False  # set by any thread; workers check it between steps
+    # Stop generating this turn: set by any thread, workers check it between steps. Alone it is the client's cancel
+    # (the turn ends CANCELLED); a fault or a server failure sets `error` first (see fail): the turn ends with ERROR.
+    cancelled: bool = False
+    error: str = ""
     # written by the decode thread
     frames_sampled: int = 0
     # written by the codec thread
@@ -54,6 +57,18 @@ class Turn:
     def finish(self, reason: FinishReason, message: str = "", frames: int | None = None, codes: Any = None) -> None:
         self.outbox.put(TurnEnd(reason, self.frames_delivered if frames is None else frames, message, codes,
                                 self.t_submit))
+
+    def fail(self, message: str) -> None:
+        """Stop the turn for a fault: wherever it is, it ends with ERROR and `message`. The message goes first, so a
+        thread that sees `cancelled` also sees why; a turn the client cancelled already stays cancelled."""
+        if not self.cancelled:
+            self.error = message
+        self.cancelled = True
+
+    @property
+    def stop_reason(self) -> tuple[FinishReason, str]:
+        """How a stopped (`cancelled`) turn ends: ERROR with its fault's message, or CANCELLED (the client's)."""
+        return (FinishReason.ERROR, self.error) if self.error else (FinishReason.CANCELLED, "")
 
 
 @dataclass
