@@ -276,3 +276,23 @@ def test_whisper_front_end_transcribes_flite() -> None:
     assert feats.shape == (80, 3000) and feats.dtype == np.float32 and feats.max() <= 1.6
     text = Whisper.load(threads=1).transcribe(audio)
     assert wer.score(spoken.text, text).wer <= 0.2, text
+
+
+def test_step_budget_times_steps_after_the_warm_up() -> None:
+    from rtts.train.loop import Deadline, StepBudget
+
+    clock = {"t": 0.0}
+
+    class FakeDeadline(Deadline):
+        @property
+        def elapsed(self) -> float:
+            return clock["t"]
+
+    budget = StepBudget(FakeDeadline(minutes=10.0), warmup=2, timed=4, margin_s=0.0)
+    totals = []
+    for steps_run in range(8):
+        totals.append(budget.fit(100_000, steps_run, steps_run))
+        clock["t"] += 30.0 if steps_run < 2 else 1.0  # two slow warm-up steps, then 1 s each
+    # 600 s budget, 64 s spent at the fit (after 6 steps): 536 more steps at 1 s, not 536 / 10.7 at the mean speed
+    assert totals[:6] == [None] * 6 and totals[6] == 6 + 536 and totals[7] is None
+    assert StepBudget(FakeDeadline(minutes=0.0)).fit(50, 40, 40) is None  # no budget: the planned steps

@@ -19,12 +19,11 @@ from rtts.model.codec import Codec
 from rtts.train import codec_io, state
 from rtts.train.codec_losses import mel_loss, snr_db, stft_loss
 from rtts.train.dataset import Store
-from rtts.train.loop import Deadline, Log, autocast, cosine_lr, fitted_total, set_lr
+from rtts.train.loop import Deadline, Log, StepBudget, autocast, cosine_lr, set_lr
 from rtts.train.presets import CodecTraining
 from rtts.train.vq import CodeUsage, quantize
 
 STATE = "codec_state"
-CALIBRATION_STEPS = 30  # steps timed before a time budget fixes the run's length
 
 
 class Crops:
@@ -80,6 +79,7 @@ def train(store: Store, workdir: Path, codec_json: dict[str, Any], cfg: CodecTra
     crops = Crops(store, device, seed + step)
     usage = CodeUsage(codec.quantizer)
     log, deadline = Log(workdir, "codec"), Deadline(minutes)
+    budget = StepBudget(deadline)
     length = cfg.segment_frames * config.frame_length
     n_params = sum(p.numel() for p in codec.parameters())
     print(f"codec: {n_params / 1e6:.2f} M parameters, {store.seconds / 3600:.2f} h of audio, step {step}/{cfg.steps}",
@@ -90,9 +90,10 @@ def train(store: Store, workdir: Path, codec_json: dict[str, Any], cfg: CodecTra
                                     "total": total})
 
     while step < total:
-        if step - first == CALIBRATION_STEPS and total == cfg.steps:
-            total = fitted_total(cfg.steps, step, step - first, deadline)
-            print(f"codec: {deadline.elapsed / (step - first):.3f} s per step; training {total} steps", flush=True)
+        fitted = budget.fit(cfg.steps, step, step - first) if total == cfg.steps else None
+        if fitted is not None:
+            total = fitted
+            print(f"codec: {budget.per_step:.3f} s per step; training {total} steps", flush=True)
         set_lr(opt, cosine_lr(step, total, cfg.warmup, cfg.lr))
         x = crops.batch(cfg.batch, length)
         with autocast(device):

@@ -26,7 +26,7 @@ from rtts.model.prompt import PromptBuilder
 from rtts.model.tokenizer import load_tokenizer
 from rtts.train import dualar_forward as fwd
 from rtts.train import state
-from rtts.train.loop import Deadline, Log, autocast, cosine_lr, fitted_total, set_lr
+from rtts.train.loop import Deadline, Log, StepBudget, autocast, cosine_lr, set_lr
 from rtts.train.presets import DualARTraining, Preset
 from rtts.train.sequences import Batch, SequenceMaker, batches, prefetched
 from rtts.train.text import config_json, write_tokenizer
@@ -34,7 +34,6 @@ from rtts.train.tokens import Tokens
 
 STATE = "dualar_state"
 WEIGHTS = "dualar_weights"
-CALIBRATION_STEPS = 30  # steps timed before a time budget fixes the run's length
 
 
 def guided_loss(probs: list[torch.Tensor], spans: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -135,6 +134,7 @@ def train(preset: Preset, workdir: Path, cfg: DualARTraining, device: torch.devi
     main_ids = main_ids.to(device)
     stream = prefetched(maker, batches(maker, cfg.batch_positions, cfg.max_frames, cfg.multi_turn, seed + step))
     log, deadline = Log(workdir, "dualar"), Deadline(minutes)
+    budget = StepBudget(deadline)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"dualar: {n_params / 1e6:.2f} M parameters, {len(tokens.texts)} utterances, step {step}/{cfg.steps}",
           flush=True)
@@ -146,9 +146,10 @@ def train(preset: Preset, workdir: Path, cfg: DualARTraining, device: torch.devi
     first = step
     model.train()
     while step < total:
-        if step - first == CALIBRATION_STEPS and total == cfg.steps:
-            total = fitted_total(cfg.steps, step, step - first, deadline)
-            print(f"dualar: {deadline.elapsed / (step - first):.3f} s per step; training {total} steps", flush=True)
+        fitted = budget.fit(cfg.steps, step, step - first) if total == cfg.steps else None
+        if fitted is not None:
+            total = fitted
+            print(f"dualar: {budget.per_step:.3f} s per step; training {total} steps", flush=True)
         guided_end = int(cfg.guided_until * total)
         set_lr(opt, cosine_lr(step, total, cfg.warmup, cfg.lr))
         batch = next(stream).to(device)

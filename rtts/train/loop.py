@@ -60,15 +60,34 @@ class Deadline:
         return time.monotonic() - self.start
 
 
-def fitted_total(planned: int, step: int, steps_run: int, deadline: Deadline, margin_s: float = 20.0) -> int:
-    """The step count that ends inside the deadline at the speed seen so far (`steps_run` steps in this run, now at
-    `step`), never above `planned`: the learning-rate schedule then decays fully within one GPU call instead of being
-    cut off mid-way."""
-    if deadline.minutes <= 0 or steps_run <= 0:
-        return planned
-    per_step = deadline.elapsed / steps_run
-    left = deadline.minutes * 60 - deadline.elapsed - margin_s
-    return max(step + 1, min(planned, step + int(left / per_step)))
+@dataclass
+class StepBudget:
+    """Fits a run's step count to its time budget from steps timed after a warm-up: the first steps pay for cuDNN
+    autotuning, allocator growth and kernel compilation, and counting them once made a stage train a fifth of what
+    its budget allowed."""
+
+    deadline: Deadline
+    warmup: int = 10
+    timed: int = 30
+    margin_s: float = 20.0
+    _t_warm: float | None = None
+
+    def fit(self, planned: int, step: int, steps_run: int) -> int | None:
+        """Call before every step (`steps_run` steps done in this run, now at `step`): the fitted total once the
+        timed window is over (never above `planned`), else None. The schedule then decays fully within the call."""
+        if self.deadline.minutes <= 0:
+            return None
+        if steps_run == self.warmup:
+            self._t_warm = self.deadline.elapsed
+        if steps_run != self.warmup + self.timed or self._t_warm is None:
+            return None
+        per_step = (self.deadline.elapsed - self._t_warm) / self.timed
+        left = self.deadline.minutes * 60 - self.deadline.elapsed - self.margin_s
+        return max(step + 1, min(planned, step + int(left / max(per_step, 1e-9))))
+
+    @property
+    def per_step(self) -> float:
+        return (self.deadline.elapsed - (self._t_warm or 0.0)) / self.timed
 
 
 class Log:
