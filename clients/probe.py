@@ -169,18 +169,31 @@ async def run_level(args: argparse.Namespace, c: int, request: dict[str, Any], h
     return out
 
 
-_GC_LINE = re.compile(r'^rtts_gc_pause_seconds_(sum|count)\{generation="(\d+)"\} (\S+)$')
+_HIST_LINE = re.compile(r'^rtts_(gc_pause|ttfa_stage)_seconds_(sum|count)\{(?:generation|stage)="(\w+)"\} (\S+)$')
 
 
-def gc_snapshot(metrics_url: str) -> dict[str, float] | None:
-    """{'<generation> count' / '<generation> sum': value} from the server's /metrics, or None if it has none."""
+def server_snapshot(metrics_url: str) -> dict[str, dict[str, float]] | None:
+    """The server's labelled latency histograms from /metrics: {'gc_pause' | 'ttfa_stage': {'<label> count' /
+    '<label> sum': value}}, or None if it has none (another server)."""
     try:
         with urllib.request.urlopen(metrics_url, timeout=5) as resp:
             text = resp.read().decode()
     except (OSError, ValueError):
         return None
-    out = {f"{m[2]} {m[1]}": float(m[3]) for m in map(_GC_LINE.match, text.splitlines()) if m}
+    out: dict[str, dict[str, float]] = {}
+    for m in map(_HIST_LINE.match, text.splitlines()):
+        if m:
+            out.setdefault(m[1], {})[f"{m[3]} {m[2]}"] = float(m[4])
     return out or None
+
+
+def delta(before: dict[str, dict[str, float]] | None, after: dict[str, dict[str, float]] | None,
+          name: str) -> dict[str, float] | None:
+    """What one histogram family gained between two snapshots."""
+    if before is None or after is None or name not in after:
+        return None
+    old = before.get(name, {})
+    return {k: v - old.get(k, 0.0) for k, v in after[name].items()}
 
 
 def commit() -> str:
@@ -207,21 +220,24 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     if args.top_k is not None:
         request["top_k"] = args.top_k
     metrics_url = http_url + "/metrics"
-    levels, server_gc, summary = {}, {}, {}
+    levels, server_gc, stages, summary = {}, {}, {}, {}
     for c in [int(x) for x in args.concurrency.split(",")]:
         runs = []
-        before = gc_snapshot(metrics_url)
+        before = server_snapshot(metrics_url)
         for k in range(args.rounds):
             runs += await run_level(args, c, request, headers, k)
-        after = gc_snapshot(metrics_url)
+        after = server_snapshot(metrics_url)
         levels[str(c)] = runs
         summary[str(c)] = asdict(report.summarize(c, runs))
-        if before is not None and after is not None:  # collections during this level: count and seconds
-            server_gc[str(c)] = {k: after[k] - before.get(k, 0.0) for k in after}
+        if (gcs := delta(before, after, "gc_pause")) is not None:  # collections during this level: count and seconds
+            server_gc[str(c)] = gcs
+        if (ttfa := delta(before, after, "ttfa_stage")) is not None:  # where the server's first-audio time went
+            stages[str(c)] = report.stage_means(ttfa)
         s = summary[str(c)]
         print(f"c={c}: {s['sessions_ok']}/{s['sessions']} ok, TTFA p50 {s['ttfa_p50_ms']:.1f} ms, "
               f"{s['frames_per_s']:.0f} frames/s, {s['underruns']} underruns", flush=True)
-    return {"levels": levels, "request": request, "server_gc": server_gc, "summary": summary, "mode": args.mode,
+    return {"levels": levels, "request": request, "server_gc": server_gc, "ttfa_stages_ms": stages,
+            "summary": summary, "mode": args.mode,
             "turns": args.turns if args.mode == "throughput" else 1, "stagger": args.stagger}
 
 

@@ -125,6 +125,33 @@ def full_gcs(d: dict[str, float] | None) -> str:
     return f"{d.get('2 count', 0):.0f} ({1000 * d.get('2 sum', 0):.0f})"
 
 
+STAGES = ("queue", "prefill", "frames", "codec_wait", "codec", "outbox")
+
+
+def stage_means(hist: dict[str, float]) -> dict[str, float]:
+    """{'<stage> sum' / '<stage> count'} gained during a level -> mean milliseconds per stage (first audios only)."""
+    out = {}
+    for stage in STAGES:
+        n = hist.get(f"{stage} count", 0.0)
+        if n > 0:
+            out[stage] = 1000 * hist.get(f"{stage} sum", 0.0) / n
+    return out
+
+
+def stage_rows(report: dict[str, Any]) -> list[str]:
+    """A table of the server's own TTFA split (rtts_ttfa_stage_seconds) per concurrency, when the server has one."""
+    split = report.get("ttfa_stages_ms") or {}
+    if not split:
+        return []
+    rows = ["", "Server-side way to first audio, mean ms per turn (rtts_ttfa_stage_seconds: queue = waiting for the "
+            "prefill thread, frames = decode steps of the rest of the first chunk, outbox = waiting for the session):",
+            "", "| concurrency | " + " | ".join(STAGES) + " | sum |", "|---|" + "---|" * (len(STAGES) + 1)]
+    for c, means in split.items():
+        rows.append(f"| {c} | " + " | ".join(f"{means.get(k, 0.0):.1f}" for k in STAGES)
+                    + f" | {sum(means.values()):.1f} |")
+    return rows
+
+
 def markdown(report: dict[str, Any], name: str) -> str:
     rows = ["| concurrency | sessions ok | TTFA p50 ms | p90 ms | p99 ms | underruns | max lateness ms "
             "| max chunk gap ms | frames/s (aggregate) | audio s/s | per-stream frames/s mean (min) | RTF mean "
@@ -143,7 +170,7 @@ def markdown(report: dict[str, Any], name: str) -> str:
         frames = report.get("request", {}).get("max_new_tokens")
         head.append(f"- per session: {report.get('turns')} turns of up to {frames} frames, sessions opened over "
                     f"{report.get('stagger')} s")
-    return "\n".join(head + ["", *rows, ""])
+    return "\n".join(head + ["", *rows, *stage_rows(report), ""])
 
 
 def plot(report: dict[str, Any], path: Path) -> bool:

@@ -62,6 +62,11 @@ class Metrics:
             self.refused.labels(reason)  # exported at 0 from the start, so rate() sees the first refusal
         self.ttfa = Histogram("rtts_ttfa_seconds", "Text trigger (flush/stop/segment) to first audio message sent",
                               buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttfa_stage = Histogram(
+            "rtts_ttfa_stage_seconds", "A turn's way to first audio by scheduler stage: queue (waiting for the prefill "
+            "thread), prefill (its prompt and frame 0), frames (decode steps of the rest of the first chunk), "
+            "codec_wait (waiting for the codec thread), codec (the chunk's decode), outbox (waiting for the session)",
+            ["stage"], buckets=_LATENCY_BUCKETS, registry=r)
         self.chunk_gap = Histogram("rtts_chunk_gap_seconds", "Time between consecutive audio messages of a turn",
                                    buckets=_LATENCY_BUCKETS, registry=r)
         self.lateness = Histogram(
@@ -92,7 +97,8 @@ class Metrics:
 
     def session(self) -> SessionMetrics:
         """The callbacks a session reports its latencies and frames through."""
-        return SessionMetrics(self.ttfa.observe, self.chunk_gap.observe, self.frames.inc, self._late)
+        return SessionMetrics(self.ttfa.observe, self.chunk_gap.observe, self.frames.inc, self._late,
+                              lambda stage, seconds: self.ttfa_stage.labels(stage).observe(seconds))
 
     def _late(self, seconds: float) -> None:
         self.lateness.observe(seconds)

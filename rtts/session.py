@@ -71,6 +71,9 @@ class SessionMetrics:
     # How late an audio chunk came for a client playing the session's audio (seconds after its estimated playback
     # ran out; 0 in time). A turn whose text came after that ran out is measured by ttfa instead.
     lateness: Callable[[float], None] = lambda s: None
+    # A turn's first audio: seconds spent in one stage of the scheduler (AudioChunk.stages, and "outbox": the chunk
+    # waiting for this session's event loop to take it)
+    ttfa_stage: Callable[[str, float], None] = lambda stage, s: None
 
 
 # Voice ids that client plugins send by default, naming a voice of the hosted Fish service (LiveKit's
@@ -381,6 +384,10 @@ class Session:
         turn_seconds = 0.0
         async for item in outbox:
             if isinstance(item, AudioChunk):
+                if item.stages is not None:
+                    for stage, seconds in item.stages.items():
+                        self.metrics.ttfa_stage(stage, seconds)
+                    self.metrics.ttfa_stage("outbox", time.perf_counter() - item.t_ready)
                 self.frames += item.frames
                 self.metrics.frames(item.frames)
                 self._check_unsent(item.sample_rate)

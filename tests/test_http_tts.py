@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 
 import httpx
 import numpy as np
@@ -38,6 +39,11 @@ def test_metrics(srv: LiveServer, ws: ClientConnection) -> None:
         assert name in text, name
     count = next(line for line in text.splitlines() if line.startswith("rtts_ttfa_seconds_count"))
     assert float(count.split()[-1]) >= 1
+    # The first audio's way through the scheduler, stage by stage; the stages are disjoint spans of the turn's path
+    stages = {m[1]: float(m[2]) for m in re.finditer(r'^rtts_ttfa_stage_seconds_sum\{stage="(\w+)"\} (\S+)$', text,
+                                                   re.M)}
+    assert set(stages) == {"queue", "prefill", "frames", "codec_wait", "codec", "outbox"}
+    assert all(v >= 0 for v in stages.values()) and stages["prefill"] > 0 and stages["codec"] > 0
     frames = next(line for line in text.splitlines() if line.startswith("rtts_frames_generated_total"))
     assert float(frames.split()[-1]) >= 1
     steps = next(line for line in text.splitlines() if line.startswith("rtts_decode_steps_total"))

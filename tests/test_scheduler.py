@@ -467,13 +467,13 @@ def test_codec_stage_decodes_a_slots_turns_and_resets_in_order(tiny_codec: Codec
     it, the next turn starts from silence, and no decode call lists the slot twice."""
     from rtts.pingpong.codec_stage import CodecWorker
     from rtts.pingpong.device import Device
-    from rtts.pingpong.state import CodecFrames, CodecReset, Stream, Turn
+    from rtts.pingpong.state import NO_FRAMES, CodecFrames, CodecReset, StepFrames, Stream, Turn
 
     worker = CodecWorker(tiny_codec, Device(torch.device("cpu")), 3)
     stream = Stream(slot=1)
     g = torch.Generator().manual_seed(0)
     c0, c1, c2 = (torch.randint(0, 1000, (n, 10), generator=g) for n in (4, 2, 2))
-    none = torch.empty(0, 0, dtype=torch.int64)
+    none = NO_FRAMES
 
     def turn() -> Turn:
         return Turn("t", SamplingParams(), Outbox(), latency="low")
@@ -488,9 +488,10 @@ def test_codec_stage_decodes_a_slots_turns_and_resets_in_order(tiny_codec: Codec
                 worker._decode(ready)
 
     t0, t1, t2 = turn(), turn(), turn()
-    run([CodecFrames(stream, t0, c0), CodecFrames(stream, t0, none, final=True)])
-    run([CodecFrames(stream, t1, c1), CodecFrames(stream, t1, none, final=True), CodecReset(1),
-         CodecFrames(stream, t2, c2), CodecFrames(stream, t2, none, final=True)])
+    run([CodecFrames(stream, t0, c0.numpy()), CodecFrames(stream, t0, none, final=True)])
+    run([StepFrames([(stream, t1)], c1[:1].numpy()), StepFrames([(stream, t1)], c1[1:].numpy()),  # (as decode sends)
+         CodecFrames(stream, t1, none, final=True), CodecReset(1),
+         CodecFrames(stream, t2, c2.numpy()), CodecFrames(stream, t2, none, final=True)])
     got = [np.concatenate([c.pcm for c in drain(t.outbox)[0]]) for t in (t0, t1, t2)]
     ref = tiny_codec.new_stream_state(3)
     with torch.inference_mode():

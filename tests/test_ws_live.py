@@ -294,6 +294,12 @@ def test_latency_probe_writes_a_report(srv: LiveServer, tmp_path: Path) -> None:
             assert r["rtf"] == pytest.approx((times[-1] - times[0]) / r["audio_s"])
     table = next(tmp_path.glob("*_test_t.md")).read_text()
     assert "| 1 | 1/1 |" in table and "| 2 | 2/2 |" in table
+    # the server's own split of its first-audio time, read from /metrics around each level: one mean per stage
+    for c in ("1", "2"):
+        split = report["ttfa_stages_ms"][c]
+        assert set(split) == {"queue", "prefill", "frames", "codec_wait", "codec", "outbox"}
+        assert split["prefill"] > 0 and split["codec"] > 0 and min(split.values()) >= 0
+    assert "Server-side way to first audio" in table
     srv.wait_idle()
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,7 +24,7 @@ from rtts.model.codec import Codec
 from rtts.pingpong.device import Device
 from rtts.pingpong.faults import FaultCounter, WorkerDied
 from rtts.pingpong.outbox import AudioChunk
-from rtts.pingpong.state import STOP, CodecFrames, CodecReset, Stream, Turn, drain
+from rtts.pingpong.state import STOP, CodecFrames, CodecReset, StepFrames, Stream, Turn, drain
 from rtts.types import FinishReason
 
 log = logging.getLogger("rtts.codec")
@@ -35,9 +36,11 @@ CHUNK_FRAMES = {"low": 2, "balanced": 4, "normal": 8}
 class _Audio:
     stream: Stream
     turn: Turn
-    buffered: list[torch.Tensor] = field(default_factory=list)  # [n, num_codebooks] rows not yet decoded
-    kept: list[torch.Tensor] = field(default_factory=list)  # every kept frame of the turn (for TurnEnd.codes)
+    buffered: list[np.ndarray] = field(default_factory=list)  # [n, num_codebooks] rows not yet decoded
+    kept: list[np.ndarray] = field(default_factory=list)  # every kept frame of the turn (for TurnEnd.codes)
     delivered: int = 0
+    t_frames: float = 0.0  # when the frames of the first chunk had all been sent here
+    t_codec: float = 0.0  # when the first chunk's decode started
     final: bool = False
     reason: FinishReason = FinishReason.RUNNING
     message: str = ""
@@ -114,20 +117,31 @@ class CodecWorker:
                 else:
                     self._reset(msg.slot)
                 continue
-            assert isinstance(msg, CodecFrames)
-            if msg.turn.outbox.closed:
+            if isinstance(msg, StepFrames):
+                for (stream, turn), row in zip(msg.rows, msg.codes):
+                    self._add(stream, turn, row[None].copy(), msg.t_sent)  # (a copy: a view would pin the step)
                 continue
-            a = self.pending.get(msg.turn.id) or self.pending.setdefault(msg.turn.id, _Audio(msg.stream, msg.turn))
-            if a.final and a.reason == FinishReason.ERROR:
-                continue  # failed here already: later frames (the decode thread had not seen it) are dropped
-            if msg.codes.numel():
-                a.buffered.append(msg.codes)
-                a.kept.append(msg.codes)
-            if msg.final:
-                a.final, a.reason, a.message = True, msg.reason, msg.message
+            assert isinstance(msg, CodecFrames)
+            audio = self._add(msg.stream, msg.turn, msg.codes, msg.t_sent)
+            if audio is not None and msg.final:
+                audio.final, audio.reason, audio.message = True, msg.reason, msg.message
                 if msg.reason == FinishReason.CANCELLED:  # drop audio not yet decoded
-                    a.buffered.clear()
+                    audio.buffered.clear()
         return True
+
+    def _add(self, stream: Stream, turn: Turn, codes: np.ndarray, t_sent: float) -> _Audio | None:
+        """Frames ([n, num_codebooks], maybe none) of a turn arrived: -> its audio record, None if it is over here."""
+        if turn.outbox.closed:
+            return None
+        a = self.pending.get(turn.id) or self.pending.setdefault(turn.id, _Audio(stream, turn))
+        if a.final and a.reason == FinishReason.ERROR:
+            return None  # failed here already: later frames (the decode thread had not seen it) are dropped
+        if codes.size:
+            a.buffered.append(codes)
+            a.kept.append(codes)
+            if not a.t_frames and a.n_buffered >= self._target(a):
+                a.t_frames = t_sent
+        return a
 
     def _target(self, a: _Audio) -> int:
         mode = CHUNK_FRAMES.get(a.turn.latency, CHUNK_FRAMES["balanced"])
@@ -184,10 +198,10 @@ class CodecWorker:
             self.pending.pop(a.turn.id, None)
             a.turn.finish(FinishReason.ERROR, message, a.delivered)
 
-    def _codes(self, a: _Audio) -> torch.Tensor | None:
+    def _codes(self, a: _Audio) -> np.ndarray | None:
         """The turn's buffered frames as [num_codebooks, n] (None: a fault, and the turn is marked failed)."""
         try:
-            return torch.cat(a.buffered).T
+            return np.concatenate(a.buffered).T
         except WorkerDied:
             raise
         except Exception as e:
@@ -195,16 +209,22 @@ class CodecWorker:
             return None
 
     def _decode(self, ready: list[_Audio]) -> None:
-        by_len: dict[int, list[tuple[_Audio, torch.Tensor]]] = {}
+        by_len: dict[int, list[tuple[_Audio, np.ndarray]]] = {}
         for a in ready:
             n = a.n_buffered
-            codes = self._codes(a) if n else None
-            if codes is not None:
-                by_len.setdefault(n, []).append((a, codes))
-        for n, members in by_len.items():
+            rows = self._codes(a) if n else None
+            if rows is not None:
+                by_len.setdefault(n, []).append((a, rows))
+        # Groups holding a turn's first chunk go first: a new turn's first audio must not wait behind the long decode
+        # of everyone else's next chunks.
+        for n, members in sorted(by_len.items(), key=lambda kv: all(a.delivered for a, _ in kv[1])):
             group = [a for a, _ in members]
-            codes = torch.stack([c for _, c in members])  # [B, num_codebooks, n]
+            codes = torch.from_numpy(np.stack([rows for _, rows in members]))  # [B, num_codebooks, n]
             slots = torch.tensor([a.stream.slot for a in group], device=self.codec.device)
+            t0 = time.perf_counter()
+            for a in group:
+                if not a.delivered:
+                    a.t_codec, a.t_frames = t0, a.t_frames or t0
             try:
                 pcm = self._decode_chunk(codes.to(self.codec.device), slots).float().cpu().numpy()
             except WorkerDied:
@@ -244,7 +264,7 @@ class CodecWorker:
             a.final = True
             return
         a.turn.outbox.put(AudioChunk(np.ascontiguousarray(samples, dtype=np.float32), self.sample_rate, n,
-                                     a.delivered, a.turn.t_submit))
+                                     a.delivered, a.turn.t_submit, stages=None if a.delivered else _stages(a)))
         a.delivered += n
         a.turn.frames_delivered = a.delivered
         if a.turn.outbox.buffered_samples > self.max_buffer_samples and not a.final:
@@ -261,6 +281,17 @@ class CodecWorker:
             if not waiting:
                 del self.deferred_resets[a.stream.slot]
                 self._reset(a.stream.slot)
-        kept = (torch.cat(a.kept).T.numpy() if a.kept
+        kept = (np.concatenate(a.kept).T if a.kept
                 else np.zeros((self.codec.config.num_codebooks, 0), dtype=np.int64))
         a.turn.finish(a.reason, a.message, a.delivered, kept)
+
+
+def _stages(a: _Audio) -> dict[str, float]:
+    """Where a turn's time to first audio went, in seconds (rtts_ttfa_stage_seconds): waiting for the prefill thread,
+    its prompt's prefill and frame 0, the decode steps of the rest of the first chunk, waiting for the codec thread,
+    the chunk's decode. Stages a turn skipped (an eager test path) read 0."""
+    t = a.turn
+    t_prefill = t.t_prefill or t.t_submit
+    t_frame0 = t.t_frame0 or t_prefill
+    return {"queue": t_prefill - t.t_submit, "prefill": t_frame0 - t_prefill, "frames": max(0.0, a.t_frames - t_frame0),
+            "codec_wait": a.t_codec - a.t_frames, "codec": time.perf_counter() - a.t_codec}

@@ -23,7 +23,18 @@ from rtts.engine.engine import Engine
 from rtts.pingpong.device import Device
 from rtts.pingpong.faults import FaultCounter, WorkerDied
 from rtts.pingpong.slots import SlotAllocator
-from rtts.pingpong.state import STOP, Admit, CancelTurn, CodecFrames, Release, Stream, Turn, drain
+from rtts.pingpong.state import (
+    NO_FRAMES,
+    STOP,
+    Admit,
+    CancelTurn,
+    CodecFrames,
+    Release,
+    StepFrames,
+    Stream,
+    Turn,
+    drain,
+)
 from rtts.types import FinishReason
 
 log = logging.getLogger("rtts.decode")
@@ -175,7 +186,7 @@ class DecodeWorker:
         if run is not None and run.turn is turn:
             self._retire(run, FinishReason.ERROR, message)
         elif handed_over and not turn.outbox.closed:  # (an Admit that failed before it ran): end it as _retire would
-            self.to_codec.put(CodecFrames(stream, turn, torch.empty(0, 0, dtype=torch.int64), final=True,
+            self.to_codec.put(CodecFrames(stream, turn, NO_FRAMES, final=True,
                                           reason=FinishReason.ERROR, message=message))
             self.on_turn_end(stream)
 
@@ -215,39 +226,47 @@ class DecodeWorker:
 
     def _collect(self, step: _InFlight, launched: _InFlight | None) -> None:
         self.dev.synchronize(step.done)
-        cols, finish = step.cols.clone(), step.finish.clone()
+        # numpy copies: per-row torch indexing cost microseconds of GIL each, 64 rows a step
+        cols, finish = step.cols.numpy().copy(), step.finish.numpy().copy()
+        event = launched.done if launched is not None else step.done
+        kept_rows: list[int] = []
+        kept: list[tuple[Stream, Turn]] = []
         for row, (slot, turn_id) in enumerate(step.rows):
             run = self.running.get(slot)
             if run is None or run.turn.id != turn_id:
                 continue  # retired or cancelled since the launch: this row was frozen or is stale
             try:
-                self._collect_row(run, cols[row], int(finish[row]), launched.done if launched is not None
-                                  else step.done)
+                if self._collect_row(run, int(finish[row]), event):
+                    kept_rows.append(row)
+                    kept.append((run.stream, run.turn))
             except WorkerDied:
                 raise
             except Exception as e:  # this row's stream alone
                 self._fail(run, self.faults.stream_fault(e, f"stream {run.stream.id}'s frame"))
+        if kept:
+            # One message per step: one wake-up of the codec thread, not one per running stream.
+            self.to_codec.put(StepFrames(kept, cols[kept_rows, 1:]))
+            self.stats.frames += len(kept)
 
-    def _collect_row(self, run: _Running, col: torch.Tensor, finish: int, event: torch.cuda.Event | None) -> None:
+    def _collect_row(self, run: _Running, finish: int, event: torch.cuda.Event | None) -> bool:
+        """-> whether the row's frame is kept (it goes to the codec with the step's other kept frames)."""
         if run.turn.cancelled:
             self.engine.cancel(run.stream.slot)
             self._retire(run, *run.turn.stop_reason)
-            return
+            return False
         run.turn.frames_sampled += 1
         reason = FinishReason(finish)
         if reason == FinishReason.RUNNING:
-            # A frame is kept iff another frame follows it (the reference drops the last sampled frame).
-            self.to_codec.put(CodecFrames(run.stream, run.turn, col[1:][None]))
-            self.stats.frames += 1
-        else:
-            self._retire(run, reason, event=event)
+            return True  # a frame is kept iff another frame follows it (the reference drops the last sampled one)
+        self._retire(run, reason, event=event)
+        return False
 
     def _retire(self, run: _Running, reason: FinishReason, message: str = "",
                 event: torch.cuda.Event | None = None, advance: bool = True) -> None:
         """The turn ended: leave the batch, flush the codec, let the stream's next turn start."""
         self.running.pop(run.stream.slot, None)
         run.stream.decode_done = event if event is not None else self.dev.record()
-        self.to_codec.put(CodecFrames(run.stream, run.turn, torch.empty(0, 0, dtype=torch.int64), final=True,
+        self.to_codec.put(CodecFrames(run.stream, run.turn, NO_FRAMES, final=True,
                                       reason=reason, message=message))
         if advance:
             self.on_turn_end(run.stream)

@@ -28,6 +28,8 @@ class AudioChunk:
     first_frame: int  # index of its first frame within the turn
     t_submit: float  # perf_counter when the turn was submitted (speak)
     t_ready: float = field(default_factory=time.perf_counter)  # when the PCM was ready
+    # A turn's first chunk: seconds its way to first audio spent in each scheduler stage (codec_stage._stages)
+    stages: dict[str, float] | None = None
 
 
 @dataclass

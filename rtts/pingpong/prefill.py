@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import time
 from collections.abc import Callable
 
 import torch
@@ -18,7 +19,7 @@ from rtts.model.errors import PromptError
 from rtts.model.prompt import PromptBuilder
 from rtts.pingpong.device import Device
 from rtts.pingpong.faults import FaultCounter, WorkerDied
-from rtts.pingpong.state import STOP, Admit, CodecFrames, CodecReset, PrefillJob, Release, Stream, drain
+from rtts.pingpong.state import NO_FRAMES, STOP, Admit, CodecFrames, CodecReset, PrefillJob, Release, Stream, drain
 from rtts.types import FinishReason
 
 log = logging.getLogger("rtts.prefill")
@@ -154,6 +155,7 @@ class PrefillWorker:
         if turn.cancelled or stream.error:
             self._end(job, *(turn.stop_reason if turn.cancelled else (FinishReason.ERROR, stream.error)))
             return False
+        turn.t_prefill = time.perf_counter()
         eng.end_turn(stream.slot)  # true KV length after the previous turn (one read per turn)
         if turn.fresh:
             self._from_voice_prompt(stream)
@@ -186,7 +188,7 @@ class PrefillWorker:
             self.pending.remove(job)
         if job.turn is not None:
             job.turn.cancelled = job.turn.cancelled or reason == FinishReason.CANCELLED
-            self.to_codec.put(CodecFrames(job.stream, job.turn, torch.empty(0, 0, dtype=torch.int64), final=True,
+            self.to_codec.put(CodecFrames(job.stream, job.turn, NO_FRAMES, final=True,
                                           reason=reason, message=message))
             job.stream.decode_done = self.dev.record()
             self.on_turn_end(job.stream)
@@ -246,6 +248,7 @@ class PrefillWorker:
         assert turn is not None
         stream.turn_open = True  # the KV now holds an open assistant turn, whatever happens next
         col = frame0.cpu()  # one host sync per turn, on this thread's CUDA stream only
+        turn.t_frame0 = time.perf_counter()
         finish = FinishReason(int(self.engine.state.finish[stream.slot]))
         turn.frames_sampled = 1
         if turn.cancelled or finish != FinishReason.RUNNING:
@@ -254,5 +257,5 @@ class PrefillWorker:
             return
         admit = Admit(stream, turn, col, self.engine.host_pos[stream.slot], self.dev.record())
         self.pending.remove(job)  # (last: a fault before it leaves the job to _fail)
-        self.to_codec.put(CodecFrames(stream, turn, col[None, 1:]))
+        self.to_codec.put(CodecFrames(stream, turn, col[None, 1:].numpy()))
         self.to_decode.put(admit)

@@ -8,8 +8,6 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import torch
-
 from rtts.engine.engine import Engine
 from rtts.model.codec import Codec
 from rtts.model.errors import PromptError
@@ -21,7 +19,7 @@ from rtts.pingpong.faults import WorkerFailed, describe
 from rtts.pingpong.outbox import Outbox
 from rtts.pingpong.prefill import PrefillWorker
 from rtts.pingpong.slots import SlotAllocator
-from rtts.pingpong.state import STOP, CancelTurn, CodecFrames, PrefillJob, Release, Stream, Turn
+from rtts.pingpong.state import NO_FRAMES, STOP, CancelTurn, CodecFrames, PrefillJob, Release, Stream, Turn
 from rtts.types import FinishReason, SamplingParams
 
 log = logging.getLogger("rtts.scheduler")
@@ -257,7 +255,7 @@ class StreamHandle:
                 turn.cancelled = True
                 self._s.decode.inbox.put(CancelTurn(self.stream, turn))
                 # The codec ends the turn's outbox now, dropping audio not yet decoded.
-                self._s.codec_worker.inbox.put(CodecFrames(self.stream, turn, torch.empty(0, 0, dtype=torch.int64),
+                self._s.codec_worker.inbox.put(CodecFrames(self.stream, turn, NO_FRAMES,
                                                            final=True, reason=FinishReason.CANCELLED))
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from rtts.engine.engine import PrefillItem
@@ -49,6 +50,9 @@ class Turn:
     # (the turn ends CANCELLED); a fault or a server failure sets `error` first (see fail): the turn ends with ERROR.
     cancelled: bool = False
     error: str = ""
+    # perf_counter stamps of the way to first audio (rtts_ttfa_stage_seconds), each written by one thread
+    t_prefill: float = 0.0  # the prefill thread took the turn up
+    t_frame0: float = 0.0  # frame 0 was on the host
     # written by the decode thread
     frames_sampled: int = 0
     # written by the codec thread
@@ -167,16 +171,30 @@ class Release:
     stream: Stream
 
 
+NO_FRAMES = np.zeros((0, 0), dtype=np.int64)
+
+
 @dataclass
 class CodecFrames:
-    """Decode → codec: kept frames of a turn, in order; final=True after the last one."""
+    """→ codec: frames of one turn (frame 0 from the prefill thread), or its end (final=True, usually no frames)."""
 
     stream: Stream
     turn: Turn
-    codes: torch.Tensor  # [n, num_codebooks] int64 on the CPU (may be empty when final)
+    codes: np.ndarray  # [n, num_codebooks] int64 (may be empty when final)
     final: bool = False
     reason: FinishReason = FinishReason.RUNNING
     message: str = ""
+    t_sent: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class StepFrames:
+    """Decode → codec: the kept frames of one decode step, one row per turn that kept a frame (one message per step:
+    the codec thread wakes once, not once per running stream)."""
+
+    rows: list[tuple[Stream, Turn]]
+    codes: np.ndarray  # [len(rows), num_codebooks] int64
+    t_sent: float = field(default_factory=time.perf_counter)
 
 
 @dataclass
