@@ -136,6 +136,19 @@ def codec_dtype() -> str:
     return _choice(os.environ, "RTTS_CODEC_DTYPE", CODEC_DTYPES) or "auto"
 
 
+def switch_interval() -> float | None:
+    """RTTS_SWITCH_INTERVAL (seconds, > 0): the interpreter's GIL switch interval for `rtts serve` and the scheduler
+    bench (rtts.startup.set_switch_interval); unset: the interpreter's own. A thread waiting for the GIL (the decode
+    thread, to launch the next step) waits up to this long while another thread runs Python."""
+    v = os.environ.get("RTTS_SWITCH_INTERVAL", "").strip()
+    if not v:
+        return None
+    seconds = float(v)
+    if not 0 < seconds <= 1:
+        raise ValueError(f"RTTS_SWITCH_INTERVAL must be in (0, 1] seconds, got {v!r}")
+    return seconds
+
+
 def kernel_cache_dir() -> str | None:
     """RTTS_KERNEL_CACHE_DIR: where compiled kernels are cached (CuPy's own cache otherwise); read when CuPy loads."""
     return os.environ.get("RTTS_KERNEL_CACHE_DIR") or None

@@ -25,7 +25,7 @@ from rtts.model.prompt import Reference
 from rtts.model.quant import quantize_model_
 from rtts.pingpong import NoSlotError, Scheduler, SchedulerConfig, StreamHandle
 from rtts.request import Limits
-from rtts.startup import freeze_startup_objects
+from rtts.startup import freeze_startup_objects, set_switch_interval
 from rtts.tools.random_checkpoint import ensure_default_checkpoint
 from rtts.types import SamplingParams
 from rtts.voices import VoiceStore, reference_encoder
@@ -161,6 +161,7 @@ class Runtime:
             log.info("warm-up synthesis took %.2f s", time.perf_counter() - t0)
         if self.config.freeze_gc:
             freeze_startup_objects()
+        set_switch_interval()
         if self.config.trim_when_idle:
             self.trimmer = IdleTrimmer(lambda: not self.scheduler.generating).start()
         self.ready = True

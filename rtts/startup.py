@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 import time
+
+from rtts import env
 
 log = logging.getLogger("rtts.server")
 
@@ -22,3 +25,14 @@ def freeze_startup_objects() -> float:
     ms = 1e3 * (time.perf_counter() - t0)
     log.info("garbage collector: startup objects frozen (the collection before took %.0f ms)", ms)
     return ms
+
+
+def set_switch_interval(seconds: float | None = None) -> float:
+    """Set the GIL switch interval (RTTS_SWITCH_INTERVAL when `seconds` is None; unset: left as it is) and return the
+    one in force. The serving threads hand the GIL to each other around every CUDA call; a thread that wants it back
+    waits until the holder's interval runs out."""
+    seconds = env.switch_interval() if seconds is None else seconds
+    if seconds is not None:
+        sys.setswitchinterval(seconds)
+        log.info("GIL switch interval %.2f ms", 1e3 * seconds)
+    return sys.getswitchinterval()

@@ -30,7 +30,7 @@ from rtts.model.prompt import Reference
 from rtts.pingpong import AudioChunk, Scheduler, SchedulerConfig, TurnEnd
 from rtts.pingpong.slots import NoSlotError
 from rtts.runtime import decode_codec
-from rtts.startup import freeze_startup_objects
+from rtts.startup import freeze_startup_objects, set_switch_interval
 from rtts.tools.random_checkpoint import random_model
 from rtts.types import FinishReason, SamplingParams
 
@@ -263,6 +263,7 @@ def main(argv: list[str] | None = None) -> None:
         if sch.codec_worker.runner is not None:
             capture[f"{name} codec"] = sch.codec_worker.runner.capture_seconds
         freeze_startup_objects()  # as `rtts serve` does: no full garbage collection walks the model mid-measurement
+        set_switch_interval()  # (RTTS_SWITCH_INTERVAL, as `rtts serve` reads it)
         for c in cs:
             pt = measure(sch, c, name, args.warmup, args.seconds, args.ref_frames, args.max_frames)
             print(pt, flush=True)
