@@ -63,9 +63,10 @@ class Metrics:
         self.ttfa = Histogram("rtts_ttfa_seconds", "Text trigger (flush/stop/segment) to first audio message sent",
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.ttfa_stage = Histogram(
-            "rtts_ttfa_stage_seconds", "A turn's way to first audio by scheduler stage: queue (waiting for the prefill "
-            "thread), prefill (its prompt and frame 0), frames (decode steps of the rest of the first chunk), "
-            "codec_wait (waiting for the codec thread), codec (the chunk's decode), outbox (waiting for the session)",
+            "rtts_ttfa_stage_seconds", "A turn's way to first audio by scheduler stage, from when it became its "
+            "stream's active turn: queue (waiting for the prefill thread), prefill (its prompt and frame 0), frames "
+            "(decode steps of the rest of the first chunk), codec_wait (waiting for the codec thread), codec (the "
+            "chunk's decode), outbox (waiting for the session)",
             ["stage"], buckets=_LATENCY_BUCKETS, registry=r)
         self.chunk_gap = Histogram("rtts_chunk_gap_seconds", "Time between consecutive audio messages of a turn",
                                    buckets=_LATENCY_BUCKETS, registry=r)

@@ -197,3 +197,14 @@ def test_encoder_normalizes_only_when_asked() -> None:
     assert abs(measure(normalized[2 * SR:]) - L.TARGET_LUFS) < 1.0
     assert output_spec(parse_request({})).normalize_loudness is True
     assert output_spec(parse_request({"prosody": {"normalize_loudness": False}})).normalize_loudness is False
+
+
+@pytest.mark.parametrize("n", [4410, 1601])
+def test_folded_weights_measure_what_weighted_power_does(n: int) -> None:
+    """The normalizer meters with the FFT weights folded (effective_weights); same mean square as weighted_power for
+    even and odd hop lengths."""
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float32) * 0.1
+    w = L._k_weighting_power(SR, n)
+    spec = np.fft.rfft(x.astype(np.float64))
+    folded = float(np.dot(np.abs(spec) ** 2, L.effective_weights(w, n)))
+    assert folded == pytest.approx(L.weighted_power(x, w), rel=1e-12)

@@ -10,8 +10,8 @@ FFT), so any chunking of the input gives the same output:
 - the estimate is BS.1770's integrated loudness over the last HORIZON_HOPS counted blocks (5 s of speech): their
   mean, then the mean of those within 10 LU of it. A loud burst or an early quiet stretch moves it only while it is
   in the horizon and above the relative gate, never for the rest of the session;
-- the gain goes toward TARGET_LUFS - estimate (within +-MAX_GAIN_DB) at a bounded rate, ramped linearly within each
-  100 ms hop: 3 dB per hop for the first second of counted speech; after it 0.6 dB per hop up and 3 dB per hop down
+- the gain goes toward TARGET_LUFS - estimate (within +-MAX_GAIN_DB) at a bounded rate, ramped linearly in dB within
+  each 100 ms hop: 3 dB per hop for the first second of counted speech; after it 0.6 dB per hop up and 3 dB per hop down
   (a voice that gets louder is corrected fast, one that gets quieter slowly);
 - samples above 0.9 go through a soft clipper (never past 1.0) instead of the encoder's hard clip. The meter reads the
   input clipped to [-1, 1] with NaN as 0, so no sample value can poison it.
@@ -40,6 +40,10 @@ SLEW_YOUNG_DB = 3.0  # per hop, either way, for the first second of speech
 SLEW_DB = 0.6  # per hop after it, upward (a slow rise: no pumping on quiet words)
 SLEW_DOWN_DB = 3.0  # per hop, downward at any time (too loud is corrected fast)
 KNEE = 0.9  # soft clip above this magnitude
+# The gates as mean squares: the meter compares powers, not logarithms (it runs for every 100 ms of every stream)
+GATE_POWER = 10 ** ((GATE_LUFS + 0.691) / 10)
+RELATIVE_GATE_FACTOR = 10 ** (-RELATIVE_GATE_LU / 10)
+_DB_TO_LN = math.log(10) / 20  # amplitude = exp(dB * _DB_TO_LN)
 
 
 def _k_weighting_power(rate: int, n: int) -> np.ndarray:
@@ -72,6 +76,16 @@ def weighted_power(x: np.ndarray, weights: np.ndarray) -> float:
     return float(total) / (n * n)
 
 
+def effective_weights(weights: np.ndarray, n: int) -> np.ndarray:
+    """`weighted_power`'s arithmetic folded into one weight per bin: x's K-weighted mean square is then
+    |rfft(x)|^2 . effective_weights (DC and an even length's Nyquist bin once, every other bin twice, over n^2)."""
+    w = 2.0 * weights
+    w[0] = weights[0]
+    if n % 2 == 0:
+        w[-1] = weights[-1]
+    return w / (n * n)
+
+
 def lufs_of(power: float) -> float:
     return -0.691 + 10 * math.log10(max(power, 1e-20))
 
@@ -83,7 +97,7 @@ class LoudnessNormalizer:
     def __init__(self, rate: int, initial_lufs: float | None = None, target_lufs: float = TARGET_LUFS) -> None:
         self.rate, self.target = int(rate), float(target_lufs)
         self.hop = max(1, round(HOP_SECONDS * self.rate))
-        self._weights = _k_weighting_power(self.rate, self.hop)
+        self._weights = effective_weights(_k_weighting_power(self.rate, self.hop), self.hop)
         self._hop_buf = np.zeros(self.hop, np.float32)  # the current hop's input so far
         self._hops: deque[float] = deque(maxlen=WINDOW_HOPS)  # K-weighted mean squares of the last 400 ms
         self._blocks: deque[float] = deque(maxlen=HORIZON_HOPS)  # counted blocks' powers
@@ -95,6 +109,10 @@ class LoudnessNormalizer:
             self._counted, self._est = YOUNG_HOPS, float(initial_lufs)
             self._gain_start = self._gain_end = self._target_gain()
         self._pos = 0  # samples of the current hop already passed
+        self._ramp: np.ndarray | None = None  # the current hop's per-sample gain (None: constant, _scale)
+        self._scale = np.float32(1.0)
+        self._k = np.arange(1, self.hop + 1, dtype=np.float32)  # sample positions within a hop
+        self._set_ramp()
 
     @property
     def lufs(self) -> float | None:
@@ -111,11 +129,12 @@ class LoudnessNormalizer:
         i = 0
         while i < x.size:
             take = min(x.size - i, self.hop - self._pos)
-            # Ramp from the hop's start gain to its end gain by absolute position within the hop.
-            steps = np.arange(self._pos + 1, self._pos + take + 1, dtype=np.float64) / self.hop
-            gain_db = self._gain_start + (self._gain_end - self._gain_start) * steps
-            out[i:i + take] = x[i:i + take] * np.power(10.0, gain_db / 20.0).astype(np.float32)
-            self._hop_buf[self._pos:self._pos + take] = x[i:i + take]
+            seg = x[i:i + take]
+            if self._ramp is None:
+                np.multiply(seg, self._scale, out=out[i:i + take])
+            else:  # by absolute position within the hop, so any chunking applies the same gains
+                np.multiply(seg, self._ramp[self._pos:self._pos + take], out=out[i:i + take])
+            self._hop_buf[self._pos:self._pos + take] = seg
             self._pos += take
             i += take
             if self._pos == self.hop:
@@ -123,22 +142,43 @@ class LoudnessNormalizer:
                 self._measure()
         return soft_clip(out)
 
+    def _set_ramp(self) -> None:
+        """The current hop's gains: from its start gain to its end gain, linear in dB, sample by sample."""
+        start, change = self._gain_start, self._gain_end - self._gain_start
+        if change == 0.0:
+            self._ramp, self._scale = None, np.float32(math.exp(start * _DB_TO_LN))
+            return
+        # dB linear in the position k = 1..hop, as amplitudes: exp((start + change * k / hop) * ln(10) / 20)
+        ramp = self._k * np.float32(change * _DB_TO_LN / self.hop)
+        ramp += np.float32(start * _DB_TO_LN)
+        self._ramp = np.exp(ramp, out=ramp)
+
     def _measure(self) -> None:
         """End of a hop: count its block if it is speech, re-estimate, and set the next hop's gain ramp."""
-        hop = np.clip(np.nan_to_num(self._hop_buf, nan=0.0), -1.0, 1.0)
-        self._hops.append(weighted_power(hop, self._weights))
-        if lufs_of(self._hops[-1]) >= GATE_LUFS:
-            speech = [p for p in self._hops if lufs_of(p) >= GATE_LUFS]
+        hop = np.clip(self._hop_buf, -1.0, 1.0)
+        power = self._power(hop)
+        if not math.isfinite(power):  # NaN samples read as silence (checked only when the power shows one)
+            hop[np.isnan(hop)] = 0.0
+            power = self._power(hop)
+        self._hops.append(power)
+        if power >= GATE_POWER:
+            speech = [p for p in self._hops if p >= GATE_POWER]
             self._blocks.append(sum(speech) / len(speech))
             self._counted += 1
-            mean = sum(self._blocks) / len(self._blocks)
-            kept = [p for p in self._blocks if lufs_of(p) >= lufs_of(mean) - RELATIVE_GATE_LU]
+            # BS.1770's relative gate, on powers: blocks within RELATIVE_GATE_LU of the mean (all are above the gate)
+            floor = sum(self._blocks) / len(self._blocks) * RELATIVE_GATE_FACTOR
+            kept = [p for p in self._blocks if p >= floor]
             self._est = lufs_of(sum(kept) / len(kept))
         self._gain_start = self._gain_end
         if self._est is not None:
             up = SLEW_YOUNG_DB if self._counted <= YOUNG_HOPS else SLEW_DB
             down = max(SLEW_YOUNG_DB, SLEW_DOWN_DB) if self._counted <= YOUNG_HOPS else SLEW_DOWN_DB
             self._gain_end += min(max(self._target_gain() - self._gain_end, -down), up)
+        self._set_ramp()
+
+    def _power(self, hop: np.ndarray) -> float:
+        spec = np.fft.rfft(hop.astype(np.float64))
+        return float(np.dot(spec.real * spec.real + spec.imag * spec.imag, self._weights))
 
     def _target_gain(self) -> float:
         return 0.0 if self._est is None else min(max(self.target - self._est, -MAX_GAIN_DB), MAX_GAIN_DB)

@@ -287,11 +287,13 @@ class CodecWorker:
 
 
 def _stages(a: _Audio) -> dict[str, float]:
-    """Where a turn's time to first audio went, in seconds (rtts_ttfa_stage_seconds): waiting for the prefill thread,
-    its prompt's prefill and frame 0, the decode steps of the rest of the first chunk, waiting for the codec thread,
-    the chunk's decode. Stages a turn skipped (an eager test path) read 0."""
+    """Where a turn's time to first audio went, in seconds (rtts_ttfa_stage_seconds), from the moment it became its
+    stream's active turn (a queued turn first waits for the ones before it to end, which is not a scheduler stage):
+    waiting for the prefill thread, its prompt's prefill and frame 0, the decode steps of the rest of the first chunk,
+    waiting for the codec thread, the chunk's decode. Stages a turn skipped (an eager test path) read 0."""
     t = a.turn
-    t_prefill = t.t_prefill or t.t_submit
+    t_active = t.t_active or t.t_submit
+    t_prefill = t.t_prefill or t_active
     t_frame0 = t.t_frame0 or t_prefill
-    return {"queue": t_prefill - t.t_submit, "prefill": t_frame0 - t_prefill, "frames": max(0.0, a.t_frames - t_frame0),
+    return {"queue": t_prefill - t_active, "prefill": t_frame0 - t_prefill, "frames": max(0.0, a.t_frames - t_frame0),
             "codec_wait": a.t_codec - a.t_frames, "codec": time.perf_counter() - a.t_codec}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -162,6 +163,7 @@ class Scheduler:
         """Called by a worker when a stream's active turn is over: start its next queued turn, if any."""
         nxt = stream.advance()
         if nxt is not None:
+            nxt.t_active = time.perf_counter()
             self.prefill.inbox.put(PrefillJob(stream, nxt))
 
     def _close(self, stream: Stream) -> None:
@@ -242,6 +244,7 @@ class StreamHandle:
             return turn.outbox
         self._turns = [t for t in self._turns if not t.outbox.closed] + [turn]
         if self.stream.submit(turn):
+            turn.t_active = time.perf_counter()
             self._s.prefill.inbox.put(PrefillJob(self.stream, turn))
         return turn.outbox
 

@@ -51,6 +51,7 @@ class Turn:
     cancelled: bool = False
     error: str = ""
     # perf_counter stamps of the way to first audio (rtts_ttfa_stage_seconds), each written by one thread
+    t_active: float = 0.0  # the turn became its stream's active one (the turns before it had ended)
     t_prefill: float = 0.0  # the prefill thread took the turn up
     t_frame0: float = 0.0  # frame 0 was on the host
     # written by the decode thread
