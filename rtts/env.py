@@ -149,6 +149,12 @@ def switch_interval() -> float | None:
     return seconds
 
 
+def priority_streams() -> bool:
+    """RTTS_PRIORITY_STREAMS=1: the scheduler's prefill and codec CUDA streams run at high priority (the default of
+    SchedulerConfig.priority_streams; off unless set)."""
+    return _flag(os.environ, "RTTS_PRIORITY_STREAMS")
+
+
 def kernel_cache_dir() -> str | None:
     """RTTS_KERNEL_CACHE_DIR: where compiled kernels are cached (CuPy's own cache otherwise); read when CuPy loads."""
     return os.environ.get("RTTS_KERNEL_CACHE_DIR") or None

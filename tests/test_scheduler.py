@@ -522,3 +522,29 @@ def test_slot_allocator_counts_slots_on_their_way_back() -> None:
     c, _ = slots.acquire()
     with pytest.raises(AssertionError):  # a release nobody announced would make the count drift
         slots.release(c, None)
+
+
+def test_turn_batches_are_not_padded_to_voice_prompt_chunks(tiny: LoadedModel) -> None:
+    """Every row of a prefill batch is padded to its widest: a pick that starts with short turns leaves a voice
+    prompt's long chunk for a pick of its own (the turns' first audio does not pay for it), and a pick that starts
+    with the voice prompt still takes the turns (they cost it nothing more)."""
+    from rtts.pingpong.prefill import VOICE_SHARE
+    from rtts.pingpong.state import PrefillJob, Stream, Turn
+
+    setup = FakeSetup(tiny, slots=8)
+    cfg = SchedulerConfig(prefill_chunk=512, prefill_token_budget=4096)
+    sch = Scheduler(setup.engine, setup.codec, cfg)  # type: ignore[arg-type]
+    worker = sch.prefill
+    worker._start = lambda job: True  # type: ignore[method-assign]  # (the prompts are set here)
+
+    def job(width: int, turn: bool) -> PrefillJob:
+        t = Turn("t", SamplingParams(), Outbox()) if turn else None
+        return PrefillJob(Stream(slot=len(worker.pending)), t, torch.zeros(2, width, dtype=torch.int64))
+
+    worker.pending = [job(40, True), job(900, False), job(48, True), job(30, True)]
+    worker._picks = 0  # the next pick is turn-first
+    batch = worker._pick()
+    assert [j.columns.shape[1] for j in batch] == [40, 48, 30]
+    worker._picks = VOICE_SHARE - 1  # the next pick offers voice prompts first
+    batch = worker._pick()
+    assert [j.columns.shape[1] for j in batch][:1] == [900] and len(batch) == 4

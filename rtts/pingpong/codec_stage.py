@@ -65,7 +65,7 @@ class CodecWorker:
             # precision copy, where a near tie between two code vectors may then resolve the other way: a
             # reference's codes are a prompt, not a bit-exact artifact.
             torch.backends.cudnn.allow_tf32 = tf32
-        self.cuda_stream = dev.new_cuda_stream()
+        self.cuda_stream = dev.new_cuda_stream(urgent=True)
         self.inbox: queue.Queue[object] = queue.Queue()
         self.first_chunk_frames = first_chunk_frames
         self.sample_rate = codec.config.sample_rate

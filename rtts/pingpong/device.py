@@ -9,12 +9,17 @@ import torch
 
 
 class Device:
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, priority_streams: bool = False) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
+        self.priority_streams = priority_streams
 
-    def new_cuda_stream(self) -> torch.cuda.Stream | None:
-        return torch.cuda.Stream(device=self.device) if self.cuda else None
+    def new_cuda_stream(self, urgent: bool = False) -> torch.cuda.Stream | None:
+        """urgent (with priority_streams): a high-priority stream, whose kernels' blocks the GPU schedules before
+        those of normal streams as SMs free up (first audio: prompts and audio chunks before decode steps)."""
+        if not self.cuda:
+            return None
+        return torch.cuda.Stream(device=self.device, priority=-1 if urgent and self.priority_streams else 0)
 
     @contextlib.contextmanager
     def on(self, cuda_stream: torch.cuda.Stream | None) -> Iterator[None]:

@@ -25,6 +25,7 @@ from rtts.types import FinishReason
 log = logging.getLogger("rtts.prefill")
 
 VOICE_SHARE = 4  # every 4th pick offers voice prompts first, so a stream of turns cannot starve them
+MIN_WIDTH = 64  # positions: below this a batch's padded width costs about the same whatever it is
 
 
 class PrefillWorker:
@@ -40,7 +41,7 @@ class PrefillWorker:
     ) -> None:
         self.engine = engine
         self.dev = dev
-        self.cuda_stream = dev.new_cuda_stream()
+        self.cuda_stream = dev.new_cuda_stream(urgent=True)
         self.inbox: queue.Queue[object] = queue.Queue()
         self.to_decode, self.to_codec = to_decode, to_codec
         self.on_turn_end = on_turn_end
@@ -127,6 +128,10 @@ class PrefillWorker:
             n = min(self.chunk, job.columns.shape[1] - job.done)
             w = max(width, n)
             if batch and (len(batch) + 1) * w > self.budget:
+                continue
+            if batch and w > max(2 * width, MIN_WIDTH):
+                # Every row is padded to the widest: a voice chunk would make the short turns before it (the time to
+                # their first audio) pay for its hundreds of positions. It waits for a pick of its own kind.
                 continue
             batch.append(job)
             width = w

@@ -7,8 +7,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from rtts import env
 from rtts.engine.engine import Engine
 from rtts.model.codec import Codec
 from rtts.model.errors import PromptError
@@ -41,6 +42,8 @@ class SchedulerConfig:
     prefill_graphs: bool = True
     # A float32 codec on CUDA convolves with TF32 tensor cores (codec_stage.CodecWorker); False: true float32.
     codec_tf32: bool = True
+    # The prefill and codec threads' CUDA streams at high priority (Device.new_cuda_stream); RTTS_PRIORITY_STREAMS=1.
+    priority_streams: bool = field(default_factory=env.priority_streams)
 
 
 class Scheduler:
@@ -48,7 +51,7 @@ class Scheduler:
 
     def __init__(self, engine: Engine, codec: Codec, config: SchedulerConfig = SchedulerConfig()) -> None:
         self.engine, self.codec, self.config = engine, codec, config
-        self.dev = Device(engine.device)
+        self.dev = Device(engine.device, config.priority_streams)
         cfg = engine.config
         self.builder = PromptBuilder(engine.tokenizer, cfg.num_codebooks, cfg.format, cfg.codebook_size)
         self.slots = SlotAllocator(engine.max_slots)
