@@ -548,3 +548,47 @@ def test_turn_batches_are_not_padded_to_voice_prompt_chunks(tiny: LoadedModel) -
     worker._picks = VOICE_SHARE - 1  # the next pick offers voice prompts first
     batch = worker._pick()
     assert [j.columns.shape[1] for j in batch][:1] == [900] and len(batch) == 4
+
+
+def test_codec_calls_merge_turns_on_captured_chunk_lengths(tiny_codec: Codec) -> None:
+    """Replaying CUDA graphs, a turn decodes the largest captured frame count it holds (the rest waits), so turns
+    that hold different counts share calls instead of taking one each; one call per pass, a group holding a first
+    chunk first, then the longest waiting; the audio is still each turn's whole decode."""
+    from rtts.pingpong.codec_stage import CodecWorker
+    from rtts.pingpong.device import Device
+    from rtts.pingpong.state import NO_FRAMES, CodecFrames, Stream, Turn
+
+    worker = CodecWorker(tiny_codec, Device(torch.device("cpu")), 4)
+    calls: list[tuple[list[int], int]] = []
+
+    class Runner:  # the graph runner's contract: captured frame counts, and a decode that advances the slots
+        chunks = (8, 4, 2, 1)
+
+        def decode(self, codes: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+            calls.append((slots.tolist(), codes.shape[-1]))
+            return tiny_codec.decode_stream(codes, worker.state, slots)
+
+    worker.runner = Runner()  # type: ignore[assignment]
+    g = torch.Generator().manual_seed(0)
+    codes = [torch.randint(0, 1000, (n, 10), generator=g).numpy() for n in (5, 4, 2)]
+    turns = [Turn("t", SamplingParams(), Outbox(), latency="low") for _ in codes]  # first chunk: 1 frame
+    streams = [Stream(slot=i) for i in range(3)]
+    with torch.inference_mode():
+        for s, t, c in zip(streams[:2], turns[:2], codes[:2]):
+            worker.inbox.put(CodecFrames(s, t, c[:1]))
+        worker._drain(block=False)
+        worker._decode(worker._ready())
+        assert calls == [([0, 1], 1)]  # two first chunks, one call
+        for s, t, c in zip(streams, turns, codes):
+            worker.inbox.put(CodecFrames(s, t, c if s.slot == 2 else c[1:]))  # slots 0, 1, 2 now hold 4, 3, 2
+            worker.inbox.put(CodecFrames(s, t, NO_FRAMES, final=True))
+        worker._drain(block=False)
+        while ready := worker._ready():
+            worker._decode(ready)
+    # slot 2's first chunk (2 frames) with slot 1's largest count (2 of its 3); then slot 0's 4; slot 1's last one
+    assert calls[1:] == [([1, 2], 2), ([0], 4), ([1], 1)]
+    for t, c, s in zip(turns, codes, streams):
+        got = np.concatenate([x.pcm for x in drain(t.outbox)[0]])
+        want = tiny_codec.decode_stream(torch.from_numpy(c).T[None], tiny_codec.new_stream_state(4),
+                                        torch.tensor([s.slot]))[0].numpy()
+        assert got.shape == want.shape and np.abs(got - want).max() < 1e-4

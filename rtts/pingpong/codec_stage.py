@@ -41,6 +41,7 @@ class _Audio:
     delivered: int = 0
     t_frames: float = 0.0  # when the frames of the first chunk had all been sent here
     t_codec: float = 0.0  # when the first chunk's decode started
+    t_waiting: float = 0.0  # since when it has been ready to decode (0: not ready); the oldest group goes first
     final: bool = False
     reason: FinishReason = FinishReason.RUNNING
     message: str = ""
@@ -169,6 +170,7 @@ class CodecWorker:
                 continue
             seen.add(a.stream.slot)
             if a.final or a.n_buffered >= self._target(a):
+                a.t_waiting = a.t_waiting or time.perf_counter()
                 out.append(a)
         return out
 
@@ -198,10 +200,19 @@ class CodecWorker:
             self.pending.pop(a.turn.id, None)
             a.turn.finish(FinishReason.ERROR, message, a.delivered)
 
-    def _codes(self, a: _Audio) -> np.ndarray | None:
-        """The turn's buffered frames as [num_codebooks, n] (None: a fault, and the turn is marked failed)."""
+    def _chunk(self, a: _Audio) -> int:
+        """Frames to decode now: all that are buffered, or, replaying CUDA graphs, the largest captured count that
+        fits (the rest waits): turns that buffered different counts then share one call, not one call each."""
+        n = a.n_buffered
+        return n if self.runner is None else max(c for c in self.runner.chunks if c <= n)
+
+    def _take(self, a: _Audio, t: int) -> np.ndarray | None:
+        """The turn's first t buffered frames as [num_codebooks, t], off its buffer (None: a fault, and the turn is
+        marked failed)."""
         try:
-            return np.concatenate(a.buffered).T
+            frames = np.concatenate(a.buffered)
+            a.buffered = [frames[t:]] if t < frames.shape[0] else []
+            return frames[:t].T
         except WorkerDied:
             raise
         except Exception as e:
@@ -209,40 +220,17 @@ class CodecWorker:
             return None
 
     def _decode(self, ready: list[_Audio]) -> None:
-        by_len: dict[int, list[tuple[_Audio, np.ndarray]]] = {}
+        """One decode call per pass: the group of ready turns (same chunk length) holding a turn's first chunk, else
+        the one whose turn has waited longest; then the loop drains its inbox again, so a first chunk that came
+        meanwhile waits for at most one call."""
+        groups: dict[int, list[_Audio]] = {}
         for a in ready:
-            n = a.n_buffered
-            rows = self._codes(a) if n else None
-            if rows is not None:
-                by_len.setdefault(n, []).append((a, rows))
-        # Groups holding a turn's first chunk go first: a new turn's first audio must not wait behind the long decode
-        # of everyone else's next chunks.
-        for n, members in sorted(by_len.items(), key=lambda kv: all(a.delivered for a, _ in kv[1])):
-            group = [a for a, _ in members]
-            codes = torch.from_numpy(np.stack([rows for _, rows in members]))  # [B, num_codebooks, n]
-            slots = torch.tensor([a.stream.slot for a in group], device=self.codec.device)
-            t0 = time.perf_counter()
-            for a in group:
-                if not a.delivered:
-                    a.t_codec, a.t_frames = t0, a.t_frames or t0
-            try:
-                pcm = self._decode_chunk(codes.to(self.codec.device), slots).float().cpu().numpy()
-            except WorkerDied:
-                raise
-            except Exception as e:
-                message = self.faults.batch_fault(e, f"a codec decode of {len(group)} streams")
-                for a in group:
-                    self._mark_failed(a, message)
-                continue
-            self.faults.succeeded()
-            self.frames_decoded += n * len(group)
-            for a, samples in zip(group, pcm):
-                try:
-                    self._deliver(a, samples, n)
-                except WorkerDied:
-                    raise
-                except Exception as e:  # this turn's alone
-                    self._mark_failed(a, self.faults.stream_fault(e, f"stream {a.stream.id}'s audio chunk"))
+            if a.n_buffered:
+                groups.setdefault(self._chunk(a), []).append(a)
+        if groups:
+            n, group = min(groups.items(), key=lambda kv: (all(a.delivered for a in kv[1]),
+                                                           min(a.t_waiting for a in kv[1])))
+            self._decode_group(group, n)
         for a in ready:
             if a.final and not a.buffered:
                 try:
@@ -255,10 +243,41 @@ class CodecWorker:
                     self.pending.pop(a.turn.id, None)
                     a.turn.finish(FinishReason.ERROR, message, a.delivered)
 
+    def _decode_group(self, ready: list[_Audio], n: int) -> None:
+        members = [(a, rows) for a in ready if (rows := self._take(a, n)) is not None]
+        if not members:
+            return
+        group = [a for a, _ in members]
+        codes = torch.from_numpy(np.stack([rows for _, rows in members]))  # [B, num_codebooks, n]
+        slots = torch.tensor([a.stream.slot for a in group], device=self.codec.device)
+        t0 = time.perf_counter()
+        for a in group:
+            a.t_waiting = 0.0
+            if not a.delivered:
+                a.t_codec, a.t_frames = t0, a.t_frames or t0
+        try:
+            pcm = self._decode_chunk(codes.to(self.codec.device), slots).float().cpu().numpy()
+        except WorkerDied:
+            raise
+        except Exception as e:
+            message = self.faults.batch_fault(e, f"a codec decode of {len(group)} streams")
+            for a in group:
+                self._mark_failed(a, message)
+            return
+        self.faults.succeeded()
+        self.frames_decoded += n * len(group)
+        for a, samples in zip(group, pcm):
+            try:
+                self._deliver(a, samples, n)
+            except WorkerDied:
+                raise
+            except Exception as e:  # this turn's alone
+                self._mark_failed(a, self.faults.stream_fault(e, f"stream {a.stream.id}'s audio chunk"))
+
     def _deliver(self, a: _Audio, samples: np.ndarray, n: int) -> None:
         """One decoded chunk of a turn into its outbox."""
-        a.buffered.clear()
-        if a.turn.cancelled:  # cancelled (or failed) while this chunk was decoding: drop it
+        if a.turn.cancelled:  # cancelled (or failed) while this chunk was decoding: drop it and what is left
+            a.buffered.clear()
             if a.reason not in (FinishReason.ERROR, FinishReason.CANCELLED):
                 a.reason, a.message = a.turn.stop_reason
             a.final = True
@@ -270,6 +289,7 @@ class CodecWorker:
         if a.turn.outbox.buffered_samples > self.max_buffer_samples and not a.final:
             # The consumer stopped reading: end the turn rather than buffer without bound.
             a.turn.fail("client is not reading audio")
+            a.buffered.clear()
             a.final, a.reason, a.message = True, FinishReason.ERROR, "client is not reading audio"
 
     def _end(self, a: _Audio) -> None:
