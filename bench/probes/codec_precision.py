@@ -56,7 +56,7 @@ VARIANTS = {
     "fp16": Variant(dtype=torch.float16),
     "fp16, cudnn.benchmark": Variant(dtype=torch.float16, cudnn_benchmark=True),
 }
-SERVED = "tf32 convolutions"  # what `rtts serve` runs (SchedulerConfig.codec_tf32, the Snake kernel)
+SERVED = "tf32 convolutions"  # what `rtts serve` ran before the float16 codec (the profile compares both)
 
 
 def random_codes(codec: Codec, b: int, t: int, seed: int) -> torch.Tensor:
@@ -132,7 +132,7 @@ def profile_eager(codec: Codec, b: int, frames: int) -> list[tuple[str, float, i
         if us > 0:
             rows.append((e.key[:90], us, e.count))
     rows.sort(key=lambda r: -r[1])
-    return rows[:15]
+    return rows[:25]
 
 
 def main() -> None:
@@ -188,8 +188,10 @@ def main() -> None:
                     + f" | {per_frame:.1f} | {r['snr_db']:.1f} | {r['snr_voiced_db']:.1f} |")
     tops: dict[str, list[tuple[str, float, int]]] = {}
     for name in (SERVED, "fp16"):  # where the time went before, and where it goes now
-        VARIANTS[name].apply()
-        tops[name] = ranked = profile_eager(base, max(batches), args.frames)
+        v = VARIANTS[name]
+        v.apply()
+        codec = base if v.dtype == torch.float32 else copy.deepcopy(base).to(v.dtype)  # (the variant's own weights)
+        tops[name] = ranked = profile_eager(codec, max(batches), args.frames)
         rows += ["", f"Top CUDA kernels, one eager chunk decode, {name} (batch {max(batches)}, {args.frames} frames):",
                  "", "| kernel | us total | calls |", "|---|---|---|"]
         rows += [f"| `{k}` | {us:.0f} | {n} |" for k, us, n in ranked]
