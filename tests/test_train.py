@@ -296,3 +296,73 @@ def test_step_budget_times_steps_after_the_warm_up() -> None:
     # 600 s budget, 64 s spent at the fit (after 6 steps): 536 more steps at 1 s, not 536 / 10.7 at the mean speed
     assert totals[:6] == [None] * 6 and totals[6] == 6 + 536 and totals[7] is None
     assert StepBudget(FakeDeadline(minutes=0.0)).fit(50, 40, 40) is None  # no budget: the planned steps
+
+
+# ---------------------------------------------------------------------------------------------------- codec training
+
+
+def _varied_store(root: Path, n: int = 24, seed: int = 0) -> dataset.Store:
+    """Synthetic utterances of silence, buzzes (pitch, loudness and spectral tilt drawn per segment) and noise bursts:
+    a signal whose frames differ, so a codec that passes information has a latent that varies."""
+    rng = np.random.default_rng(seed)
+    spoken = []
+    for i in range(n):
+        parts = []
+        for _ in range(int(rng.integers(6, 12))):
+            m, kind = int(rng.integers(1200, 3200)), int(rng.integers(0, 3))
+            if kind == 0:
+                seg = np.zeros(m)
+            elif kind == 1:
+                buzz = np.sign(np.sin(2 * np.pi * rng.uniform(90, 220) * np.arange(m) / SAMPLE_RATE))
+                a = rng.uniform(0.3, 0.95)  # one-pole low-pass
+                seg = np.convolve(buzz * rng.uniform(0.05, 0.4), a ** np.arange(32) * (1 - a), mode="same")
+            else:
+                seg = np.diff(rng.standard_normal(m) * rng.uniform(0.02, 0.2), prepend=0.0)
+            parts.append(seg)
+        audio = np.clip(np.concatenate(parts), -1, 1)
+        spoken.append(Spoken(f"u{i}", (audio * 32000).astype(np.int16), [("pau", len(audio) / SAMPLE_RATE)]))
+    return dataset.write(root / "data", spoken, SAMPLE_RATE, "synthetic")
+
+
+@pytest.mark.slow
+def test_codec_training_keeps_the_latent_informative(tmp_path: Path) -> None:
+    """The collapse the h200 run showed (mel flat from step 100, nearly every code restarted every 100 steps): without
+    the latent-offset penalty this toy run's quantizer input becomes a constant (offset share 0.98 from step 40, a
+    quarter to a third of the codes used, while the mel loss still falls); with it the latent keeps varying and most
+    codes are used."""
+    import json
+    from dataclasses import replace
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        store = _varied_store(tmp_path)
+        cfg = replace(MICRO.codec_training, steps=60, batch=4, segment_frames=10, warmup=10, log_every=10,
+                      save_every=10_000)
+        assert cfg.latent_offset_weight > 0
+        assert codec_train.train(store, tmp_path, MICRO.codec, cfg, torch.device("cpu")) is not None
+    finally:
+        torch.set_num_threads(threads)
+    log = [json.loads(line) for line in (tmp_path / "codec.log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [10, 20, 30, 40, 50, 60]
+    late = log[-2:]
+    assert all(r["offset"] < 0.6 for r in late), log  # collapsed: > 0.9
+    assert all(r["used"] > 0.6 for r in late), log  # share of codes used in each restart window; collapsed: ~0.35
+    assert sum(r["mel"] for r in late) / 2 < 0.8 * log[0]["mel"], log
+
+
+def test_training_quantizer_picks_the_serving_codes(tmp_path: Path) -> None:
+    """vq.quantize (no dropout) chooses the codes the server's encode chooses for the same latent, and its output is
+    what the server decodes from those codes: codes mean in serving what they meant in training."""
+    from rtts.train import codec_io
+    from rtts.train.vq import quantize
+
+    codec = codec_io.new_codec(codec_io.config_from_json(MICRO.codec, tmp_path), seed=3)
+    q = codec.quantizer
+    z = torch.randn(2, codec.config.latent_dim, 7, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        trained = quantize(q, z, dropout=0.0)
+        served, _ = q.quantize(z)
+        decoded = q.codes_to_latent(served)
+    assert torch.equal(trained.codes, served)
+    torch.testing.assert_close(trained.z_q, decoded, rtol=1e-5, atol=1e-5)

@@ -75,6 +75,7 @@ def cmd_codec(args: argparse.Namespace) -> None:
     preset = PRESETS[args.preset]
     work = _workdir(args)
     cfg = preset.codec_training if args.steps is None else _replace(preset.codec_training, steps=args.steps)
+    cfg = _overrides(cfg, args.set)
     out = codec_train.train(Store.load(work / "data"), work, preset.codec, cfg, pick_device(args.device),
                             minutes=args.minutes)
     if out is None:
@@ -104,6 +105,7 @@ def cmd_dualar(args: argparse.Namespace) -> None:
     cfg = preset.dualar_training if args.steps is None else _replace(preset.dualar_training, steps=args.steps)
     if args.lr is not None:
         cfg = _replace(cfg, lr=args.lr)
+    cfg = _overrides(cfg, args.set)
     init = Path(args.init_weights) if args.init_weights else None
     out = dualar_train.train(preset, _workdir(args), cfg, pick_device(args.device), minutes=args.minutes,
                              init_weights=init)
@@ -139,6 +141,22 @@ def _replace(obj, **changes):  # type: ignore[no-untyped-def]
     return replace(obj, **changes)
 
 
+def _overrides(cfg, sets: list[str]):  # type: ignore[no-untyped-def]
+    """Apply `--set FIELD=VALUE` overrides to a training-settings dataclass (numbers and booleans)."""
+    from dataclasses import fields
+
+    types = {f.name: type(getattr(cfg, f.name)) for f in fields(cfg)}
+    changes: dict[str, object] = {}
+    for item in sets:
+        name, _, value = item.partition("=")
+        kind = types.get(name)
+        if kind not in (int, float, bool) or not value:
+            raise SystemExit(f"--set {item}: expected FIELD=VALUE with FIELD one of "
+                             f"{', '.join(n for n, t in types.items() if t in (int, float, bool))}")
+        changes[name] = value.lower() in ("1", "true", "yes") if kind is bool else kind(value)
+    return _replace(cfg, **changes) if changes else cfg
+
+
 def main(argv: list[str] | None = None) -> None:
     from rtts.train.presets import PRESETS
 
@@ -170,6 +188,8 @@ def main(argv: list[str] | None = None) -> None:
         sp.add_argument("--device", default=None)
         sp.add_argument("--steps", type=int, default=None, help="override the preset's step count")
         sp.add_argument("--minutes", type=float, default=0.0, help="stop (saving state) after this long; 0: no limit")
+        sp.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a training setting of the preset (presets.py), e.g. batch=4; repeatable")
         if name == "dualar":
             sp.add_argument("--init-weights", default=None,
                             help="start from these weights, with a new optimizer: an exported checkpoint folder or "

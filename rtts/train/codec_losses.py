@@ -1,6 +1,7 @@
-"""Reconstruction losses of the codec: multi-resolution log-mel L1 and multi-resolution STFT (spectral convergence +
-log magnitude). Without a discriminator these get the spectral envelope right, which is what intelligibility needs
-(DEMO_VOICE.md section 4); phase detail is left to the decoder's inductive bias.
+"""Losses of the codec: multi-resolution log-mel L1 and multi-resolution STFT (spectral convergence + log magnitude)
+for the reconstruction, and the latent-offset penalty that keeps the encoder from collapsing. Without a discriminator
+the reconstruction losses get the spectral envelope right, which is what intelligibility needs (DEMO_VOICE.md
+section 4); phase detail is left to the decoder's inductive bias.
 """
 
 from __future__ import annotations
@@ -63,6 +64,20 @@ def stft_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         sc = torch.linalg.vector_norm(st - sp, dim=(1, 2)) / torch.linalg.vector_norm(st, dim=(1, 2)).clamp(min=1e-5)
         total = total + sc.mean() + (sp.log() - st.log()).abs().mean()
     return total / len(STFT_RESOLUTIONS)
+
+
+def latent_offset_share(z: torch.Tensor) -> torch.Tensor:
+    """Share of the latent's energy in its per-channel mean over batch and time: 0 when all of z varies with the
+    input, 1 for a constant latent. z [B, C, T].
+
+    Penalized because the codec collapses without it: every Snake adds a positive offset (sin^2 >= 0) that grows with
+    its input's power, the encoder's residual stack accumulates these offsets, and the RMSNorms that end the encoder
+    transformer and `pre_module` then divide the input-dependent part by an offset-dominated RMS. Early training (the
+    output level and average spectrum being fitted) grows those offsets, z becomes nearly constant, the decoder learns
+    to ignore it and the quantizers see one direction (most codes unused).
+    """
+    zf = z.float()
+    return zf.mean((0, 2)).pow(2).sum() / zf.pow(2).mean((0, 2)).sum().clamp(min=1e-12)
 
 
 def snr_db(pred: torch.Tensor, target: torch.Tensor) -> float:

@@ -2,9 +2,11 @@
 
 Forward = the serving encode path up to the quantizer (encoder, downsample, pre_module), the training quantizer of
 `vq.py`, then the serving decode path (post_module, upsample, decoder). Losses: multi-resolution mel L1 and STFT
-(codec_losses.py) plus codebook/commitment. All audio sits on the device; crops are cut there. Checkpoints every
-`save_every` steps and when the wall-clock budget runs out; a rerun resumes from the last one. The finished codec is
-written as codec.pth + codec_config.json (what the tokens and export stages read, through the server's loader).
+(codec_losses.py), codebook/commitment, and the latent-offset penalty on the quantizer's input (without it the encoder
+collapses to a near-constant latent: `codec_losses.latent_offset_share`). All audio sits on the device; crops are
+cut there. Checkpoints every `save_every` steps and when the wall-clock budget runs out; a rerun resumes from the last
+one. The finished codec is written as codec.pth + codec_config.json (what the tokens and export stages read, through
+the server's loader).
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ import torch
 
 from rtts.model.codec import Codec
 from rtts.train import codec_io, state
-from rtts.train.codec_losses import mel_loss, snr_db, stft_loss
+from rtts.train.codec_losses import latent_offset_share, mel_loss, snr_db, stft_loss
 from rtts.train.dataset import Store
 from rtts.train.loop import Deadline, Log, StepBudget, autocast, cosine_lr, set_lr
 from rtts.train.presets import CodecTraining
-from rtts.train.vq import CodeUsage, quantize
+from rtts.train.vq import CodeUsage, VQResult, quantize
 
 STATE = "codec_state"
 
@@ -48,13 +50,13 @@ class Crops:
         return torch.where(inside, samples.float() / 32768.0, torch.zeros((), device=dev))
 
 
-def forward(codec: Codec, x: torch.Tensor, dropout: float) -> tuple[torch.Tensor, Any]:
-    """x [B, N] (N a multiple of frame_length) -> (reconstruction [B, N], VQResult)."""
+def forward(codec: Codec, x: torch.Tensor, dropout: float) -> tuple[torch.Tensor, VQResult, torch.Tensor]:
+    """x [B, N] (N a multiple of frame_length) -> (reconstruction [B, N], VQResult, quantizer input [B, latent, T])."""
     q = codec.quantizer
     z = q.pre_module(q.downsample(codec.encoder(x[:, None])))
     vq = quantize(q, z.float(), dropout)
     y = codec.decoder(q.upsample(q.post_module(vq.z_q)))[:, 0]
-    return y, vq
+    return y, vq, z
 
 
 def train(store: Store, workdir: Path, codec_json: dict[str, Any], cfg: CodecTraining, device: torch.device,
@@ -97,23 +99,26 @@ def train(store: Store, workdir: Path, codec_json: dict[str, Any], cfg: CodecTra
         set_lr(opt, cosine_lr(step, total, cfg.warmup, cfg.lr))
         x = crops.batch(cfg.batch, length)
         with autocast(device):
-            y, vq = forward(codec, x, cfg.quantizer_dropout)
+            y, vq, z = forward(codec, x, cfg.quantizer_dropout)
         mel = mel_loss(y.float(), x, config.sample_rate)
         stft = stft_loss(y.float(), x)
+        offset = latent_offset_share(z)
         loss = (cfg.mel_weight * mel + cfg.stft_weight * stft + cfg.codebook_weight * vq.codebook_loss
-                + cfg.commitment_weight * vq.commitment_loss)
+                + cfg.commitment_weight * vq.commitment_loss + cfg.latent_offset_weight * offset)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad = torch.nn.utils.clip_grad_norm_(codec.parameters(), 1.0)
         opt.step()
         usage.update(vq.codes)
         step += 1
+        logging = step % cfg.log_every == 0 or step == total
+        used = sum(usage.utilization()) / len(usage.counts) if logging else 0.0  # codes used since the last restart
         restarted = usage.restart(vq.encodings) if step % cfg.restart_every == 0 else None
-        if step % cfg.log_every == 0 or step == total:
+        if logging:
             log(step, loss=float(loss.detach()), mel=float(mel.detach()), stft=float(stft.detach()),
-                vq=float(vq.codebook_loss.detach()),
-                snr=snr_db(y.detach(), x), grad=float(grad), restarted=restarted if restarted is not None else -1,
-                seconds=round(deadline.elapsed, 1))
+                vq=float(vq.codebook_loss.detach()), offset=float(offset.detach()),
+                snr=snr_db(y.detach(), x), grad=float(grad), used=round(used, 4),
+                restarted=restarted if restarted is not None else -1, seconds=round(deadline.elapsed, 1))
         if step % cfg.save_every == 0 or step == total:
             save()
         if deadline.passed and step < total:

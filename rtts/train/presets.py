@@ -66,6 +66,7 @@ class CodecTraining:
     stft_weight: float = 2.0
     codebook_weight: float = 1.0
     commitment_weight: float = 0.25
+    latent_offset_weight: float = 5.0  # keeps z varying with the input (codec_losses.latent_offset_share)
     restart_every: int = 100
     save_every: int = 500
     log_every: int = 50
