@@ -18,7 +18,7 @@ SR = 44100
 def measure(x: np.ndarray, rate: int = SR) -> float:
     """Loudness of a whole signal with the module's meter (every 100 ms hop above -50 LUFS, as one block)."""
     hop = round(L.HOP_SECONDS * rate)
-    w = L._k_weighting_power(rate, hop)
+    w = L.effective_weights(L._k_weighting_power(rate, hop), hop)
     powers = [L.weighted_power(x[i:i + hop], w) for i in range(0, x.size - hop + 1, hop)]
     kept = [p for p in powers if L.lufs_of(p) >= L.GATE_LUFS]
     return L.lufs_of(sum(kept) / len(kept))
@@ -39,7 +39,7 @@ def test_meter_reads_a_full_scale_997_hz_sine_as_minus_3_lufs(rate: int) -> None
     """BS.1770's calibration: a 0 dBFS 997 Hz sine reads -3.01 LUFS (the K-weighting's +0.69 dB there and the
     -0.691 offset cancel); a 100 Hz sine reads lower (the high-pass) and a 10 kHz one higher (the +4 dB shelf)."""
     t = np.arange(rate) / rate
-    w = L._k_weighting_power(rate, rate)
+    w = L.effective_weights(L._k_weighting_power(rate, rate), rate)
 
     def lufs(f: float) -> float:
         return L.lufs_of(L.weighted_power(np.sin(2 * np.pi * f * t).astype(np.float32), w))
@@ -201,10 +201,11 @@ def test_encoder_normalizes_only_when_asked() -> None:
 
 @pytest.mark.parametrize("n", [4410, 1601])
 def test_folded_weights_measure_what_weighted_power_does(n: int) -> None:
-    """The normalizer meters with the FFT weights folded (effective_weights); same mean square as weighted_power for
+    """The meter's weights folded with Parseval (effective_weights) give the K-weighted mean square that the half
+    spectrum of a real FFT gives unfolded (every bin but DC counts twice, except an even length's Nyquist bin), for
     even and odd hop lengths."""
     x = np.random.default_rng(n).standard_normal(n).astype(np.float32) * 0.1
     w = L._k_weighting_power(SR, n)
-    spec = np.fft.rfft(x.astype(np.float64))
-    folded = float(np.dot(np.abs(spec) ** 2, L.effective_weights(w, n)))
-    assert folded == pytest.approx(L.weighted_power(x, w), rel=1e-12)
+    spec = np.abs(np.fft.rfft(x.astype(np.float64))) ** 2 * w
+    unfolded = (2 * spec.sum() - spec[0] - (spec[-1] if n % 2 == 0 else 0.0)) / (n * n)
+    assert unfolded == pytest.approx(L.weighted_power(x, L.effective_weights(w, n)), rel=1e-12)

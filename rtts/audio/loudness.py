@@ -67,23 +67,22 @@ def _k_weighting_power(rate: int, n: int) -> np.ndarray:
     return shelf * highpass
 
 
-def weighted_power(x: np.ndarray, weights: np.ndarray) -> float:
-    """K-weighted mean square of x (len(x) == n of the weights), from its FFT (Parseval): every bin but DC counts
-    twice in a real FFT, except the Nyquist bin of an even length."""
-    n = x.size
-    spec = np.abs(np.fft.rfft(x.astype(np.float64))) ** 2 * weights
-    total = 2 * spec.sum() - spec[0] - (spec[-1] if n % 2 == 0 else 0.0)
-    return float(total) / (n * n)
-
-
 def effective_weights(weights: np.ndarray, n: int) -> np.ndarray:
-    """`weighted_power`'s arithmetic folded into one weight per bin: x's K-weighted mean square is then
-    |rfft(x)|^2 . effective_weights (DC and an even length's Nyquist bin once, every other bin twice, over n^2)."""
+    """Per-bin weights (|H|^2 at an n-point real FFT's bins) folded with Parseval's arithmetic for `weighted_power`:
+    DC and an even length's Nyquist bin count once, every other bin twice (a real FFT holds half the spectrum), all
+    over n^2."""
     w = 2.0 * weights
     w[0] = weights[0]
     if n % 2 == 0:
         w[-1] = weights[-1]
     return w / (n * n)
+
+
+def weighted_power(x: np.ndarray, weights: np.ndarray) -> float:
+    """K-weighted mean square of x from its FFT: |rfft(x)|^2 . weights, the weights folded by `effective_weights` for
+    len(x)."""
+    spec = np.fft.rfft(x.astype(np.float64))
+    return float(np.dot(spec.real * spec.real + spec.imag * spec.imag, weights))
 
 
 def lufs_of(power: float) -> float:
@@ -156,10 +155,10 @@ class LoudnessNormalizer:
     def _measure(self) -> None:
         """End of a hop: count its block if it is speech, re-estimate, and set the next hop's gain ramp."""
         hop = np.clip(self._hop_buf, -1.0, 1.0)
-        power = self._power(hop)
+        power = weighted_power(hop, self._weights)
         if not math.isfinite(power):  # NaN samples read as silence (checked only when the power shows one)
             hop[np.isnan(hop)] = 0.0
-            power = self._power(hop)
+            power = weighted_power(hop, self._weights)
         self._hops.append(power)
         if power >= GATE_POWER:
             speech = [p for p in self._hops if p >= GATE_POWER]
@@ -175,10 +174,6 @@ class LoudnessNormalizer:
             down = max(SLEW_YOUNG_DB, SLEW_DOWN_DB) if self._counted <= YOUNG_HOPS else SLEW_DOWN_DB
             self._gain_end += min(max(self._target_gain() - self._gain_end, -down), up)
         self._set_ramp()
-
-    def _power(self, hop: np.ndarray) -> float:
-        spec = np.fft.rfft(hop.astype(np.float64))
-        return float(np.dot(spec.real * spec.real + spec.imag * spec.imag, self._weights))
 
     def _target_gain(self) -> float:
         return 0.0 if self._est is None else min(max(self.target - self._est, -MAX_GAIN_DB), MAX_GAIN_DB)
