@@ -243,8 +243,9 @@ class CodecWorker:
                     self.pending.pop(a.turn.id, None)
                     a.turn.finish(FinishReason.ERROR, message, a.delivered)
 
-    def _decode_group(self, ready: list[_Audio], n: int) -> None:
-        members = [(a, rows) for a in ready if (rows := self._take(a, n)) is not None]
+    def _decode_group(self, turns: list[_Audio], n: int) -> None:
+        """One batched call: the next n frames of each of `turns` (distinct slots) into their outboxes."""
+        members = [(a, rows) for a in turns if (rows := self._take(a, n)) is not None]
         if not members:
             return
         group = [a for a, _ in members]
