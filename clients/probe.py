@@ -117,18 +117,19 @@ async def one_session(url: str, request: dict[str, Any], texts: list[str], settl
     return rec
 
 
-def voice_clip(seconds: float, rate: int = 44100) -> bytes:
-    """A WAV clip of `seconds` of voiced-sounding audio (a wandering pitch with harmonics and syllable-rate
-    loudness): enough for the server to encode a voice prompt of that length; it needs no real speech."""
+def voice_clip(seconds: float, rate: int = 44100, base_hz: float = 140.0,
+               harmonics: tuple[int, ...] = (1, 2, 3, 5)) -> bytes:
+    """A WAV clip of `seconds` of voiced-sounding audio (a pitch wandering around `base_hz` with `harmonics` and
+    syllable-rate loudness): enough for the server to encode a voice prompt of that length; it needs no real speech."""
     n = int(seconds * rate)
     samples = array.array("h")
     phase = 0.0
     for i in range(n):
         t = i / rate
-        f0 = 140 + 30 * math.sin(2 * math.pi * 0.7 * t)
+        f0 = base_hz + 30 * math.sin(2 * math.pi * 0.7 * t)
         phase += 2 * math.pi * f0 / rate
         env = 0.5 + 0.5 * math.sin(2 * math.pi * 4.0 * t)
-        x = env * sum(math.sin(k * phase) / k for k in (1, 2, 3, 5))
+        x = env * sum(math.sin(k * phase) / k for k in harmonics)
         samples.append(int(6000 * x))
     buf = io.BytesIO()
     with wave.open(buf, "wb") as w:

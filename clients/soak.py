@@ -30,18 +30,14 @@ nothing from the server.
 from __future__ import annotations
 
 import argparse
-import array
 import asyncio
 import datetime
-import io
 import json
-import math
 import os
 import random
 import statistics
 import sys
 import time
-import wave
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -54,7 +50,8 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import soak_report as report  # noqa: E402  (beside this script)
+import probe  # noqa: E402  (beside this script)
+import soak_report as report  # noqa: E402
 
 FORMATS = {"pcm": (8000, 16000, 24000, 44100), "wav": (16000, 44100), "mp3": (44100,), "opus": (48000,),
            "mulaw": (8000,)}
@@ -137,22 +134,8 @@ def sentence(rng: random.Random, words: int) -> str:
 
 
 def voice_clip(seconds: float, seed: int, rate: int = 16000) -> bytes:
-    """A WAV clip of voiced-sounding audio (a wandering pitch with harmonics): any audio makes a voice prompt."""
-    n = int(seconds * rate)
-    samples = array.array("h")
-    phase = 0.0
-    for i in range(n):
-        t = i / rate
-        phase += 2 * math.pi * (120 + 20 * seed + 30 * math.sin(2 * math.pi * 0.7 * t)) / rate
-        env = 0.5 + 0.5 * math.sin(2 * math.pi * 4.0 * t)
-        samples.append(int(6000 * env * sum(math.sin(k * phase) / k for k in (1, 2, 3))))
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(samples.tobytes())
-    return buf.getvalue()
+    """A WAV clip of voiced-sounding audio (the probe's, a different pitch per seed): any audio makes a voice prompt."""
+    return probe.voice_clip(seconds, rate, base_hz=120 + 20 * seed, harmonics=(1, 2, 3))
 
 
 # ------------------------------------------------------------------------------------------------ the operations
