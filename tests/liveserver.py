@@ -9,9 +9,10 @@ from __future__ import annotations
 import functools
 import io
 import socket
+import subprocess
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -260,3 +261,17 @@ class Streamer(threading.Thread):
 
     def audio_between(self, t0: float, t1: float) -> list[float]:
         return [t for t in self.times if t0 <= t <= t1]
+
+
+def wait_serving(proc: subprocess.Popen[Any], url: str, ended: Callable[[], str], timeout: float = 120.0) -> None:
+    """Until the `rtts serve` process `proc` answers /v1/health at `url`; fails with ended() if it exits first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, ended()
+        try:
+            if httpx.get(url + "/v1/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "rtts serve did not start"
+        time.sleep(0.2)

@@ -32,6 +32,7 @@ from liveserver import (
     start_msg,
     text_msg,
     until_finish,
+    wait_serving,
 )
 
 from rtts.audio.encode import StreamEncoder
@@ -405,16 +406,7 @@ def test_rtts_serve_exits_with_status_3_when_a_worker_dies(golden: Path, tmp_pat
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, "rtts serve ended before serving"
-            try:
-                if httpx.get(url + "/v1/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "rtts serve did not start"
-            time.sleep(0.2)
+        wait_serving(proc, url, lambda: "rtts serve ended before serving")
         r = httpx.post(url + "/v1/tts", json={"text": "Hello there.", "format": "pcm", "max_new_tokens": 8},
                        timeout=TIMEOUT)
         assert r.status_code == 500 and "server failed" in r.json()["message"], r.text

@@ -10,12 +10,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
-from liveserver import free_port
+from liveserver import free_port, wait_serving
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "clients"))
@@ -37,16 +35,7 @@ def test_soak_a_minute_on_the_tiny_model(golden: Path, tmp_path: Path) -> None:
             stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, log_path.read_text()[-3000:]
-            try:
-                if httpx.get(url + "/v1/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "rtts serve did not start"
-            time.sleep(0.2)
+        wait_serving(server, url, lambda: log_path.read_text()[-3000:])
         out = tmp_path / "report"
         code = soak.main(["--url", url, "--concurrency", "8", "--warmup", "15", "--duration", "45",
                           "--max-new-tokens", "40", "--timeout", "90", "--server-pid", str(server.pid),
