@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.datastructures import FormData, UploadFile
@@ -129,12 +129,25 @@ def authorized(rt: Runtime, headers: Any) -> bool:
     return auth.authorized(rt.config.api_keys, headers)
 
 
-def body_session(rt: Runtime, req: TTSRequest, handle: StreamHandle, on_audio: OnAudio,
-                 on_finish: OnFinish) -> Session:
-    """A session whose audio goes out as one HTTP response body (/v1/tts, /v1/audio/speech): no padding of its last
-    message, and the unsent-audio bound of a live session. ValueError: settings the engine cannot take."""
-    return Session(req, handle, on_audio, on_finish, rt.model_format, rt.sample_rate, metrics=rt.metrics.session(),
-                   pad_last_message=False, max_unsent_seconds=rt.config.limits.max_unsent_audio_seconds)
+def start_body_session(rt: Runtime, req: TTSRequest, handle: StreamHandle, on_audio: OnAudio, on_finish: OnFinish,
+                       release: Callable[[], None]) -> tuple[Session, asyncio.Task[None]]:
+    """Start the one-turn session whose audio goes out as one HTTP response body (/v1/tts, /v1/audio/speech: no
+    padding of its last message, the unsent-audio bound of a live session): -> it and the task that ends it.
+    `release` (the slot, and what the route holds) runs when that task ends, even if the body is never iterated (a
+    client gone before the first audio: its `finally` never runs). ValueError: settings the validator let through
+    and the engine cannot take (still the client's), after `release`."""
+    try:
+        session = Session(req, handle, on_audio, on_finish, rt.model_format, rt.sample_rate,
+                          metrics=rt.metrics.session(), pad_last_message=False,
+                          max_unsent_seconds=rt.config.limits.max_unsent_audio_seconds)
+    except ValueError:
+        release()
+        raise
+    session.start()
+    session.flush()
+    stopper = asyncio.create_task(session.stop())
+    stopper.add_done_callback(lambda _: release())
+    return session, stopper
 
 
 async def tts(request: Request) -> Response:
@@ -179,16 +192,9 @@ async def tts(request: Request) -> Response:
         queue.end()
 
     try:
-        session = body_session(rt, req, handle, on_audio, on_finish)
-    except ValueError as e:  # settings the validator let through and the engine cannot take: still the client's
-        handle.close()
+        _, stopper = start_body_session(rt, req, handle, on_audio, on_finish, handle.close)
+    except ValueError as e:
         return json_error(400, str(e))
-    session.start()
-    session.flush()
-    stopper = asyncio.create_task(session.stop())
-    # The slot goes back when the session ends, even if the body below never starts (a client gone before the first
-    # audio: the response is then never iterated, and neither is its `finally`).
-    stopper.add_done_callback(lambda _: handle.close())
     # The status line waits for the first audio, so a request that fails before any (a bad voice prompt, a full
     # queue) still gets a JSON error instead of a 200 with an empty body.
     first = await queue.get()

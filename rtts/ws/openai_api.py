@@ -13,7 +13,6 @@ names are unknown here unless a voice is stored under that id; `instructions` is
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
@@ -34,7 +33,7 @@ from rtts.request import Limits, TTSRequest
 from rtts.runtime import DRAINING_MESSAGE, Runtime
 from rtts.session import SessionError, output_spec, resolve_references
 from rtts.voices import VoiceError
-from rtts.ws.http import BodyQueue, BodyTooLarge, SynthesisFailed, body_session, read_body
+from rtts.ws.http import BodyQueue, BodyTooLarge, SynthesisFailed, read_body, start_body_session
 from rtts.ws.parse import ProtocolError, describe, parse_request
 
 log = logging.getLogger("rtts.openai")
@@ -283,22 +282,14 @@ async def _synthesize(rt: Runtime, sreq: SpeechRequest, req: TTSRequest, pcm_rat
                 rt.metrics.errors.inc()
             queue.end()
 
+    def release() -> None:  # the slot and the encoder
+        handle.close()
+        encoder.abort()
+
     try:
-        session = body_session(rt, req, handle, on_audio, on_finish)
-    except ValueError as e:  # settings the validator let through and the engine cannot take: still the client's
-        handle.close()
-        encoder.abort()
+        session, stopper = start_body_session(rt, req, handle, on_audio, on_finish, release)
+    except ValueError as e:
         return openai_error(400, str(e))
-    session.start()
-    session.flush()
-    stopper = asyncio.create_task(session.stop())
-
-    def release(_: object = None) -> None:
-        handle.close()
-        encoder.abort()
-
-    # The slot and the encoder go when the session ends, even if the body never starts (the client left first).
-    stopper.add_done_callback(release)
     # The status line waits for the first audio, so a request that fails before any still gets a JSON error.
     first = await queue.get()
     if first is None and failure:
