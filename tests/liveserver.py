@@ -275,3 +275,14 @@ def wait_serving(proc: subprocess.Popen[Any], url: str, ended: Callable[[], str]
             pass
         assert time.monotonic() < deadline, "rtts serve did not start"
         time.sleep(0.2)
+
+
+def post_json_head(sock: socket.socket, path: str, body: bytes) -> bytes:
+    """POST a JSON body on a raw socket and read only the response head (a streamed body's status line comes with its
+    first audio); the rest stays unread, for tests of clients that stop reading."""
+    sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                 % (path.encode(), len(body), body))
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    return head

@@ -20,7 +20,7 @@ import psutil
 import pytest
 import soundfile as sf
 from conftest import LONG_TEXT, REF_TEXT, metric, tiny_config
-from liveserver import LiveServer
+from liveserver import LiveServer, post_json_head
 
 from rtts.audio import ffmpeg
 from rtts.audio.transcode import WideStretcher
@@ -302,11 +302,7 @@ def test_a_client_that_stops_reading(slow_srv: LiveServer, fmt: str, rate: int, 
         body = json.dumps({"model": "tts-1", "voice": "default", "input": LONG_TEXT, "response_format": fmt,
                            "sample_rate": rate, "speed": 0.25, "stream_format": stream, "top_k": 1,
                            "max_new_tokens": 1024}).encode()
-        sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        head = b""
-        while b"\r\n\r\n" not in head:  # the status line comes with the first audio
-            head += sock.recv(1)
+        head = post_json_head(sock, "/v1/audio/speech", body)
         assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower(), head
         # It reads nothing more. A neighbour's request completes; the stuck session ends by itself, its slot back.
         with openai.OpenAI(api_key="x", base_url=srv.http + "/v1", max_retries=0, timeout=SLOW_WAIT) as neighbour:

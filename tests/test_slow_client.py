@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 import pytest
 from conftest import LONG_TEXT, metric, tiny_config
-from liveserver import FLUSH, LiveServer, Streamer, pack, start_msg, text_msg
+from liveserver import FLUSH, LiveServer, Streamer, pack, post_json_head, start_msg, text_msg
 from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Response
@@ -179,11 +179,7 @@ def test_http_client_that_stops_reading(slow_srv: LiveServer) -> None:
     sock = _small_socket(srv)
     try:
         body = json.dumps({"text": LONG_TEXT, **HEAVY}).encode()
-        sock.sendall(b"POST /v1/tts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        head = b""
-        while b"\r\n\r\n" not in head:  # the status line comes with the first audio
-            head += sock.recv(1)
+        head = post_json_head(sock, "/v1/tts", body)
         assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower(), head
         # It reads nothing more. Its session ends by itself, its slot back, while a neighbour completes.
         neighbour = Streamer(srv)
