@@ -295,6 +295,13 @@ def test_step_budget_times_steps_after_the_warm_up() -> None:
         clock["t"] += 30.0 if steps_run < 2 else 1.0  # two slow warm-up steps, then 1 s each
     # 600 s budget, 64 s spent at the fit (after 6 steps): 536 more steps at 1 s, not 536 / 10.7 at the mean speed
     assert totals[:6] == [None] * 6 and totals[6] == 6 + 536 and totals[7] is None
+    # steps get faster (0.5 s): refitted once the timed steps double (after 8 and 16 timed steps), not before
+    for steps_run in range(8, 19):
+        totals.append(budget.fit(100_000, steps_run, steps_run))
+        clock["t"] += 0.5
+    assert [i for i, t in enumerate(totals) if t is not None] == [6, 10, 18]
+    assert totals[10] == 10 + int((600 - 67) / (7 / 8)) and totals[18] == 18 + int((600 - 71) / (11 / 16))
+    assert budget.per_step == 11 / 16
     assert StepBudget(FakeDeadline(minutes=0.0)).fit(50, 40, 40) is None  # no budget: the planned steps
 
 

@@ -9,7 +9,9 @@
 #               back: model.safetensors, codec.pth, small.tar (config, tokenizer files, README, logs)
 #               carry: train/work/h200/codec train/work/h200/tokens     (train/unpack.sh put them there)
 #   call3 OUT   optional: more DualAR steps from call2's weights (new optimizer, lower peak LR) -> export
-#               carry: train/work/h200/codec train/work/h200/tokens train/work/h200/ckpt
+#               carry: train/work/h200/codec train/work/h200/tokens.gz and, of train/work/h200/ckpt, model.safetensors
+#               config.json tokenizer.json tokenizer_config.json special_tokens_map.json (not its codec.pth, the same
+#               file as codec/codec.pth): with the codes gzipped (train/unpack.sh call2) they fit the 64 MiB a call takes
 #
 # Estimates (FLOPs counted on the h200 sizes, docs/demo_voice.md): data ~2 min on 16 cores; codec ~8 min of work at
 # 25 TFLOP/s, fitted to the ~6 min call1 leaves; tokens < 0.5 min; DualAR ~4.5 min at 50 TFLOP/s, fitted to ~8.5 min.
@@ -44,6 +46,10 @@ case $CALL in
     pack codec/codec_config.json tokens/index.json codec.log.jsonl data/meta.json
     ;;
   call2|call3)
+    if [ -d $W/tokens.gz ]; then  # the gzipped copy call3 carries
+      mkdir -p $W/tokens && cp $W/tokens.gz/index.json $W/tokens/
+      for z in $W/tokens.gz/*.npy.gz; do gunzip -c "$z" > "$W/tokens/$(basename "$z" .gz)"; done
+    fi
     init=(); lr=()
     if [ "$CALL" = call3 ]; then init=(--init-weights $W/ckpt); lr=(--lr "${LR:-4e-4}"); rm -f $W/dualar_state.*; fi
     python3 -m rtts.train dualar --preset "$PRESET" "${init[@]}" "${lr[@]}" --minutes "$(minutes_left 40)" 2>&1 \

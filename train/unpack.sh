@@ -2,7 +2,8 @@
 # Put what a train/run_h200.sh call sent back (the device tool's files_at folder) where the next call carries it from
 # and where `python -m rtts.train evaluate` / the package read it. Run here, from the repository root:
 #   train/unpack.sh call1 FILES_AT   -> train/work/h200/codec/, train/work/h200/tokens/
-#   train/unpack.sh call2 FILES_AT   -> train/work/h200/ckpt/ (the exported checkpoint; call3 the same)
+#   train/unpack.sh call2 FILES_AT   -> train/work/h200/ckpt/ (the exported checkpoint; call3 the same),
+#                                       train/work/h200/tokens.gz/ (what call3 carries)
 set -euo pipefail
 CALL=${1:?call1, call2 or call3}; FROM=${2:?folder of returned files}
 PRESET=${PRESET:-h200}  # micro: the same calls at toy scale on a CPU (a dry run of this script)
@@ -20,6 +21,9 @@ case $CALL in
     tar -C $W -xf "$FROM/small.tar"
     cp "$FROM/model.safetensors" "$FROM/codec.pth" $W/export/
     mv $W/export $W/ckpt
+    # call3 carries these instead of tokens/ and ckpt/codec.pth (the same file as codec/codec.pth), to fit 64 MiB
+    rm -rf $W/tokens.gz && mkdir -p $W/tokens.gz && cp $W/tokens/index.json $W/tokens.gz/
+    for f in $W/tokens/codes.part*.npy; do gzip -9 -c "$f" > "$W/tokens.gz/$(basename "$f").gz"; done
     ;;
   *) echo "unknown call $CALL" >&2; exit 2 ;;
 esac

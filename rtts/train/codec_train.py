@@ -77,7 +77,7 @@ def train(store: Store, workdir: Path, codec_json: dict[str, Any], cfg: CodecTra
         opt.load_state_dict(saved["optimizer"])
         step, total = int(saved["step"]), int(saved.get("total", cfg.steps))
         print(f"codec: resumed at step {step} of {total}", flush=True)
-    first = step
+    first, fitting = step, total == cfg.steps  # a resumed run keeps the schedule it was fitted to
     crops = Crops(store, device, seed + step)
     usage = CodeUsage(codec.quantizer)
     log, deadline = Log(workdir, "codec"), Deadline(minutes)
@@ -92,7 +92,7 @@ def train(store: Store, workdir: Path, codec_json: dict[str, Any], cfg: CodecTra
                                     "total": total})
 
     while step < total:
-        fitted = budget.fit(cfg.steps, step, step - first) if total == cfg.steps else None
+        fitted = budget.fit(cfg.steps, step, step - first) if fitting else None
         if fitted is not None:
             total = fitted
             print(f"codec: {budget.per_step:.3f} s per step; training {total} steps", flush=True)

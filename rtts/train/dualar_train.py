@@ -143,10 +143,10 @@ def train(preset: Preset, workdir: Path, cfg: DualARTraining, device: torch.devi
         state.save(workdir, STATE, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
                                     "total": total})
 
-    first = step
+    first, fitting = step, total == cfg.steps  # a resumed run keeps the schedule it was fitted to
     model.train()
     while step < total:
-        fitted = budget.fit(cfg.steps, step, step - first) if total == cfg.steps else None
+        fitted = budget.fit(cfg.steps, step, step - first) if fitting else None
         if fitted is not None:
             total = fitted
             print(f"dualar: {budget.per_step:.3f} s per step; training {total} steps", flush=True)

@@ -64,30 +64,35 @@ class Deadline:
 class StepBudget:
     """Fits a run's step count to its time budget from steps timed after a warm-up: the first steps pay for cuDNN
     autotuning, allocator growth and kernel compilation, and counting them once made a stage train a fifth of what
-    its budget allowed."""
+    its budget allowed. The fit is redone each time the timed steps double (batches of new shapes keep paying for
+    kernel selection for a while: one fit made the DualAR stage stop at 60% of its budget)."""
 
     deadline: Deadline
     warmup: int = 10
     timed: int = 30
     margin_s: float = 20.0
     _t_warm: float | None = None
+    _next: int = 0
+    _per_step: float = 0.0
 
     def fit(self, planned: int, step: int, steps_run: int) -> int | None:
-        """Call before every step (`steps_run` steps done in this run, now at `step`): the fitted total once the
-        timed window is over (never above `planned`), else None. The schedule then decays fully within the call."""
+        """Call before every step (`steps_run` steps done in this run, now at `step`): the fitted total at each fit
+        point (never above `planned`), else None. The schedule then decays fully within the call."""
         if self.deadline.minutes <= 0:
             return None
         if steps_run == self.warmup:
-            self._t_warm = self.deadline.elapsed
-        if steps_run != self.warmup + self.timed or self._t_warm is None:
+            self._t_warm, self._next = self.deadline.elapsed, self.timed
+        if self._t_warm is None or steps_run != self.warmup + self._next:
             return None
-        per_step = (self.deadline.elapsed - self._t_warm) / self.timed
+        per_step = (self.deadline.elapsed - self._t_warm) / self._next
+        self._per_step, self._next = per_step, 2 * self._next
         left = self.deadline.minutes * 60 - self.deadline.elapsed - self.margin_s
         return max(step + 1, min(planned, step + int(left / max(per_step, 1e-9))))
 
     @property
     def per_step(self) -> float:
-        return (self.deadline.elapsed - (self._t_warm or 0.0)) / self.timed
+        """Seconds per step at the last fit."""
+        return self._per_step
 
 
 class Log:
