@@ -5,22 +5,27 @@
 #   call1 OUT   flite data (all cores) -> codec (fitted to the time left) -> tokens
 #               back: codec.pth, codes.part*.npy, small.tar (codec_config.json, tokens/index.json, logs)
 #               carry: train/bundle                      (python -m rtts.train flite-bundle, here, first)
-#   call2 OUT   DualAR (fitted to the time left) -> export
+#   tokens OUT  flite data -> tokens with a trained codec, left on the machine for the calls that follow while it is
+#               warm (its ignored outputs stay between calls; it goes back after ~30 s idle)
+#               carry: train/bundle train/work/h200/codec
+#   call2 OUT   DualAR (fitted to the time left) -> export; speaks and encodes the data first when the machine has no
+#               tokens (a fresh machine), out of the same call's time
 #               back: model.safetensors, codec.pth, small.tar (config, tokenizer files, README, logs)
-#               carry: train/work/h200/codec train/work/h200/tokens     (train/unpack.sh put them there)
-#   call3 OUT   optional: more DualAR steps from call2's weights (new optimizer, lower peak LR) -> export
-#               carry: train/work/h200/codec train/work/h200/tokens.gz and, of train/work/h200/ckpt, model.safetensors
-#               config.json tokenizer.json tokenizer_config.json special_tokens_map.json (not its codec.pth, the same
-#               file as codec/codec.pth): with the codes gzipped (train/unpack.sh call2) they fit the 64 MiB a call takes
+#               carry: train/bundle train/work/h200/codec, or train/work/h200/tokens(.gz) instead of train/bundle
+#   call3 OUT   more DualAR steps (new optimizer, lower peak LR) from this machine's last export, else from the
+#               carried train/work/h200/ckpt -> export. Carry as call2, plus, of train/work/h200/ckpt when the
+#               machine is fresh, model.safetensors config.json tokenizer.json tokenizer_config.json
+#               special_tokens_map.json (its codec.pth is codec/codec.pth; train/unpack.sh call2 also gzips the
+#               codes into tokens.gz: those fit the 64 MiB a call takes, the plain codes do not)
 #
-# Estimates (FLOPs counted on the h200 sizes, docs/demo_voice.md): data ~2 min on 16 cores; codec ~8 min of work at
-# 25 TFLOP/s, fitted to the ~6 min call1 leaves; tokens < 0.5 min; DualAR ~4.5 min at 50 TFLOP/s, fitted to ~8.5 min.
+# Measured on the H200 (bench/results/demo_voice/): data 676x real time on 16 cores (24,000 sentences, 22.7 h, in
+# 121 s; all 52,311 ~4.5 min); codec 0.14 s per step of 48 x 2 s; tokens 17 s per 24,000; DualAR 0.29-0.44 s per step.
 #
 # BUDGET_S (default 560) is the whole command's wall time; every stage is given what is left, and the training
-# stages fit their step counts (and learning-rate schedules) to it after 30 timed steps. Each stage also saves a
-# resumable state (train/work/h200/*_state.*) every few hundred steps and at its deadline.
+# stages fit their step counts (and learning-rate schedules) to it from timed steps, refitted as those double. Each
+# stage also saves a resumable state (train/work/h200/*_state.*) every few hundred steps and at its deadline.
 set -uo pipefail
-CALL=${1:?call1, call2 or call3}; OUT=${2:?output dir}
+CALL=${1:?call1, tokens, call2 or call3}; OUT=${2:?output dir}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 PRESET=${PRESET:-h200}  # micro: the same calls at toy scale on a CPU (a dry run of this script)
@@ -34,24 +39,39 @@ pack() {  # the small files (those that exist) into OUT/small.tar; the big ones 
   tar -C $W -cf "$OUT/small.tar" --exclude model.safetensors --exclude codec.pth "${have[@]}"
 }
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu')"
+speak() {  # the flite data: the preset's sentences (all 52,311 for h200), or SENTENCES of them
+  chmod +x train/bundle/flite/flite_cmu_us_rms  # in case the copy lost its mode bits
+  python3 -m rtts.train data --preset "$PRESET" --bundle train/bundle/flite --processes "$(nproc)" \
+    ${SENTENCES:+--count "$SENTENCES"} 2>&1 | tee "$OUT/data.log"
+  [ -f $W/data/meta.json ] || exit 1
+}
 case $CALL in
   call1)
-    chmod +x train/bundle/flite/flite_cmu_us_rms  # in case the copy lost its mode bits
-    python3 -m rtts.train data --preset "$PRESET" --bundle train/bundle/flite --processes "$(nproc)" \
-      ${SENTENCES:+--count "$SENTENCES"} 2>&1 | tee "$OUT/data.log"  # SENTENCES: other than the preset's 24,000
-    [ -f $W/data/meta.json ] || exit 1
+    speak
     python3 -m rtts.train codec --preset "$PRESET" --minutes "$(minutes_left 50)" 2>&1 | tee "$OUT/codec.log"
     python3 -m rtts.train tokens --preset "$PRESET" 2>&1 | tee -a "$OUT/codec.log"
     cp $W/codec/codec.pth $W/tokens/codes.part*.npy "$OUT/"
     pack codec/codec_config.json tokens/index.json codec.log.jsonl data/meta.json
     ;;
+  tokens)
+    speak
+    python3 -m rtts.train tokens --preset "$PRESET" 2>&1 | tee "$OUT/tokens.log"
+    pack tokens/index.json data/meta.json
+    ;;
   call2|call3)
-    if [ -d $W/tokens.gz ]; then  # the gzipped copy call3 carries
+    if [ -d $W/tokens.gz ] && [ ! -f $W/tokens/index.json ]; then  # the gzipped copy call3 may carry
       mkdir -p $W/tokens && cp $W/tokens.gz/index.json $W/tokens/
       for z in $W/tokens.gz/*.npy.gz; do gunzip -c "$z" > "$W/tokens/$(basename "$z" .gz)"; done
     fi
+    if [ ! -f $W/tokens/index.json ]; then  # a fresh machine: speak and encode here, out of this call's time
+      speak && python3 -m rtts.train tokens --preset "$PRESET" 2>&1 | tee "$OUT/tokens.log"
+    fi
     init=(); lr=()
-    if [ "$CALL" = call3 ]; then init=(--init-weights $W/ckpt); lr=(--lr "${LR:-4e-4}"); rm -f $W/dualar_state.*; fi
+    if [ "$CALL" = call3 ]; then
+      from=$W/ckpt; [ -f $W/export/model.safetensors ] && from=$W/export  # this machine's last export, when warm
+      rm -rf $W/init && cp -r $from $W/init
+      init=(--init-weights $W/init); lr=(--lr "${LR:-4e-4}"); rm -f $W/dualar_state.*
+    fi
     python3 -m rtts.train dualar --preset "$PRESET" "${init[@]}" "${lr[@]}" --minutes "$(minutes_left 40)" 2>&1 \
       | tee "$OUT/dualar.log"
     python3 -m rtts.train export --preset "$PRESET" --out $W/export 2>&1 | tee -a "$OUT/dualar.log"

@@ -130,7 +130,9 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     report = evaluate.evaluate(texts, Path(args.report), checkpoint=Path(args.checkpoint) if args.checkpoint else None,
                                url=args.url, bundle=Path(args.bundle) if args.bundle else None,
                                processes=args.processes, threads=args.threads or 1,
-                               codec_dir=Path(args.codec) if args.codec else None)
+                               codec_dir=Path(args.codec) if args.codec else None,
+                               sampling={k: v for k, v in (("temperature", args.temperature), ("top_p", args.top_p))
+                                         if v is not None} or None)
     print(evaluate.table(report))
     print(f"report: {args.report} ({report['seconds']:.0f} s)")
 
@@ -204,6 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     sp.add_argument("--bundle", default=None)
     sp.add_argument("--processes", type=int, default=1, help="flite processes for the source voice")
     sp.add_argument("--report", default="evaluate.json")
+    sp.add_argument("--temperature", type=float, default=None, help="sent with each request (default: the server's)")
+    sp.add_argument("--top-p", type=float, default=None, help="sent with each request (default: the server's)")
     sp = stage("export", cmd_export, "write the S2 checkpoint")
     sp.add_argument("--out", required=True)
     args = p.parse_args(argv)

@@ -48,12 +48,14 @@ def attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     return attn.wo(out.transpose(1, 2).reshape(B, S, H * D)), probs
 
 
-def block(layer: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, guided: int
+def block(layer: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, guided: int, dropout: float = 0.0
           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One pre-norm block; `dropout` (training only) applies to each residual branch's output."""
     an, fn = layer.attention_norm, layer.ffn_norm
     a, probs = attention(layer.attention, rmsnorm(x, an.weight, an.eps), cos, sin, guided)
-    h = x + a
-    return h + layer.feed_forward(rmsnorm(h, fn.weight, fn.eps)), probs
+    h = x + F.dropout(a, dropout, training=dropout > 0)
+    f = layer.feed_forward(rmsnorm(h, fn.weight, fn.eps))
+    return h + F.dropout(f, dropout, training=dropout > 0), probs
 
 
 @dataclass
@@ -63,7 +65,8 @@ class SlowOutput:
     guided_probs: list[torch.Tensor]  # per guided layer [B, 1, S, S]
 
 
-def slow(model: DualARTransformer, columns: torch.Tensor, guided_layers: tuple[int, ...] = ()) -> SlowOutput:
+def slow(model: DualARTransformer, columns: torch.Tensor, guided_layers: tuple[int, ...] = (),
+         dropout: float = 0.0) -> SlowOutput:
     """columns [B, rows, S] (from position 0) -> the slow transformer's outputs at every position."""
     c = model.config
     S = columns.shape[-1]
@@ -72,7 +75,7 @@ def slow(model: DualARTransformer, columns: torch.Tensor, guided_layers: tuple[i
     probs = []
     for i, layer in enumerate(model.layers):
         assert isinstance(layer, Block)
-        x, p = block(layer, x, cos, sin, 1 if i in guided_layers else 0)
+        x, p = block(layer, x, cos, sin, 1 if i in guided_layers else 0, dropout)
         if p is not None:
             probs.append(p)
     normed = rmsnorm(x, model.norm.weight, model.norm.eps)
@@ -87,7 +90,7 @@ def main_logits(model: DualARTransformer, normed: torch.Tensor, main_ids: torch.
     return normed @ model.head_weight()[main_ids].T
 
 
-def fast(model: DualARTransformer, fast_in: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+def fast(model: DualARTransformer, fast_in: torch.Tensor, codes: torch.Tensor, dropout: float = 0.0) -> torch.Tensor:
     """fast_in [M, fast_dim] (the slow output that predicted each frame), codes [M, K] of those frames -> logits
     [M, K, codebook_size]: position 0 is fed fast_in, position p the embedding of c_(p-1); output p predicts c_p."""
     c = model.config
@@ -96,7 +99,7 @@ def fast(model: DualARTransformer, fast_in: torch.Tensor, codes: torch.Tensor) -
     cos, sin = rope(torch.arange(K, device=codes.device), c.fast_head_dim, c.rope_base)
     for layer in model.fast_layers:
         assert isinstance(layer, Block)
-        x, _ = block(layer, x, cos, sin, 0)
+        x, _ = block(layer, x, cos, sin, 0, dropout)
     return model.fast_output(rmsnorm(x, model.fast_norm.weight, model.fast_norm.eps))
 
 

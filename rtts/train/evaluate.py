@@ -77,8 +77,10 @@ class InProcessServer:
         self.thread.join(timeout=60)
 
 
-def speak_live(url: str, text: str, max_new_tokens: int, timeout: float = 300.0) -> tuple[np.ndarray, str]:
-    """One live-WebSocket session: start, the text, flush, stop -> (16 kHz float audio, finish reason)."""
+def speak_live(url: str, text: str, max_new_tokens: int, timeout: float = 300.0,
+               sampling: dict[str, float] | None = None) -> tuple[np.ndarray, str]:
+    """One live-WebSocket session: start, the text, flush, stop -> (16 kHz float audio, finish reason). `sampling`:
+    request fields such as temperature / top_p (absent: the server's defaults)."""
     import ormsgpack
     from websockets.sync.client import connect
 
@@ -86,7 +88,8 @@ def speak_live(url: str, text: str, max_new_tokens: int, timeout: float = 300.0)
     chunks: list[bytes] = []
     with connect(url + "/v1/tts/live", open_timeout=30, max_size=None, proxy=None) as ws:
         ws.send(pack({"event": "start", "request": {"text": "", "format": "pcm", "sample_rate": PCM_RATE,
-                                                    "latency": "balanced", "max_new_tokens": max_new_tokens}}))
+                                                    "latency": "balanced", "max_new_tokens": max_new_tokens,
+                                                    **(sampling or {})}}))
         ws.send(pack({"event": "text", "text": text}))
         ws.send(pack({"event": "flush"}))
         ws.send(pack({"event": "stop"}))
@@ -142,7 +145,7 @@ def resynthesized(codec_dir: Path, audios: list[np.ndarray]) -> list[np.ndarray]
 
 def evaluate(texts: list[str], out: Path, checkpoint: Path | None = None, url: str | None = None,
              bundle: Path | None = None, processes: int = 1, threads: int = 1,
-             codec_dir: Path | None = None) -> dict[str, Any]:
+             codec_dir: Path | None = None, sampling: dict[str, float] | None = None) -> dict[str, Any]:
     """Score the source voice; the codec's resynthesis of it when `codec_dir` is given; the served checkpoint when
     one is given (`checkpoint` or `url`)."""
     asr = Whisper.load(threads=threads)
@@ -160,14 +163,14 @@ def evaluate(texts: list[str], out: Path, checkpoint: Path | None = None, url: s
             audios, finishes = [], []
             for text, ref in zip(texts, src):
                 cap = int(np.ceil((3 * ref.size / PCM_RATE + 1.0) * _frame_rate(checkpoint)))
-                audio, finish = speak_live(target, text, cap)
+                audio, finish = speak_live(target, text, cap, sampling=sampling)
                 audios.append(audio)
                 finishes.append(finish)
         finally:
             if server is not None:
                 server.stop()
         items = score_items(asr, texts, audios, finishes)
-        report["server"] = {"checkpoint": str(checkpoint or url), "items": [asdict(i) for i in items],
+        report["server"] = {"checkpoint": str(checkpoint or url), "sampling": sampling or "server defaults", "items": [asdict(i) for i in items],
                             "summary": summary(items)}
         ratio = [i.seconds / max(s.size / PCM_RATE, 1e-3) for i, s in zip(items, src)]
         report["server"]["summary"]["length_ratio_median"] = round(float(np.median(ratio)), 3)
