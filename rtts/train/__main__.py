@@ -9,6 +9,7 @@ Stages read and write under --workdir (default train/work/<preset>):
   dualar        train the DualAR (resumes)                       -> WORKDIR/dualar/
   export        write the S2 checkpoint                          -> --out
   evaluate      Whisper WER/CER of the source voice or of a checkpoint served through the live WebSocket
+  fit-check     the DualAR's teacher-forced losses on training vs held-out sentences (memorization shows here)
 """
 
 from __future__ import annotations
@@ -137,6 +138,17 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     print(f"report: {args.report} ({report['seconds']:.0f} s)")
 
 
+def cmd_fit_check(args: argparse.Namespace) -> None:
+    from rtts.train import fitcheck, sentences
+
+    _threads(args)
+    heldout = sentences.read_lines(Path(args.sentences) if args.sentences else TRAIN_DIR / "heldout.txt")
+    result = fitcheck.fit_check(Path(args.checkpoint), _workdir(args) / "tokens", heldout, args.count, args.preset,
+                                Path(args.report), Path(args.bundle) if args.bundle else None, args.processes)
+    for name in ("train", "heldout"):
+        print(f"{name}: " + " ".join(f"{k}={v}" for k, v in result[name].items()))
+
+
 def _replace(obj, **changes):  # type: ignore[no-untyped-def]
     from dataclasses import replace
 
@@ -208,6 +220,13 @@ def main(argv: list[str] | None = None) -> None:
     sp.add_argument("--report", default="evaluate.json")
     sp.add_argument("--temperature", type=float, default=None, help="sent with each request (default: the server's)")
     sp.add_argument("--top-p", type=float, default=None, help="sent with each request (default: the server's)")
+    sp = stage("fit-check", cmd_fit_check, "teacher-forced losses on training vs held-out sentences")
+    sp.add_argument("--checkpoint", required=True)
+    sp.add_argument("--sentences", default=None, help="held-out sentences (default: train/heldout.txt)")
+    sp.add_argument("--count", type=int, default=40)
+    sp.add_argument("--bundle", default=None)
+    sp.add_argument("--processes", type=int, default=1, help="flite processes for the held-out audio")
+    sp.add_argument("--report", default="fit-check.json")
     sp = stage("export", cmd_export, "write the S2 checkpoint")
     sp.add_argument("--out", required=True)
     args = p.parse_args(argv)
