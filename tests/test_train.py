@@ -226,6 +226,10 @@ def test_pipeline_through_export_and_the_server_loaders(tmp_path: Path) -> None:
     assert again.keys() == saved.keys()
     assert all(torch.equal(again[k], saved[k].to(torch.bfloat16).float()) for k in saved)
     assert codec.config.sample_rate == SAMPLE_RATE and lm.config.num_codebooks == codec.config.num_codebooks
+    from rtts.train import fitcheck
+
+    fit = fitcheck.scores(out, {"all": toks, "same": fitcheck.subset(toks, list(range(len(texts))))}, "micro")
+    assert fit["all"] == fit["same"] and all(np.isfinite(v) for v in fit["all"].values())
     engine = Engine(lm, max_slots=1, max_ctx=512)
     synth = Synthesizer(engine)
     synth.start()
