@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("synth", help="synthesize one text to a WAV file")
     s.add_argument("text")
     s.add_argument("-o", "--output", required=True, help="output WAV path")
-    s.add_argument("--checkpoint", help="checkpoint directory (default: the embedded tiny model)")
+    s.add_argument("--checkpoint", help="checkpoint directory (default: the embedded demo voice)")
     s.add_argument("--reference-audio", help="voice to clone: an audio file")
     s.add_argument("--reference-codes", help="voice to clone: codec codes .npy [num_codebooks, frames]")
     s.add_argument("--reference-text", help="transcript of the reference")
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     _device_args(s)
 
     v = sub.add_parser("serve", help="run the Fish Audio compatible server (WebSocket + HTTP)")
-    v.add_argument("--checkpoint", help="checkpoint directory (default: the embedded tiny model, which makes noise)")
+    v.add_argument("--checkpoint", help="checkpoint directory (default: the embedded demo voice, rtts/demo_voice)")
     v.add_argument("--host", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8080)
     v.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         cc = csub.add_parser(name)
         cc.add_argument("input", metavar=i)
         cc.add_argument("output", metavar=o)
-        cc.add_argument("--checkpoint", help="checkpoint directory holding codec.pth (default: embedded model)")
+        cc.add_argument("--checkpoint", help="checkpoint directory holding codec.pth (default: the demo voice)")
         cc.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
 
     vo = sub.add_parser("voices", help="stored voices (a voice's id is the reference_id clients send)")
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     va.add_argument("--text", required=True, help="the clip's exact transcript")
     va.add_argument("--title", default="", help="a display name (the SDK's voice title)")
     va.add_argument("--checkpoint", help="the checkpoint whose codec encodes the clip: the one `rtts serve` will use "
-                                         "(default: embedded model)")
+                                         "(default: the embedded demo voice)")
     va.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     va.add_argument("--max-reference-seconds", type=float, default=60.0,
                     help="the longest clip (rtts serve's limit for references, default 60)")

@@ -17,7 +17,8 @@ from rtts.model.codec import encode_audio, load_codec
 from rtts.model.errors import PromptError
 from rtts.model.loading import load_model
 from rtts.model.prompt import PromptBuilder, Reference
-from rtts.tools.random_checkpoint import ensure_default_checkpoint, make_random_checkpoint
+from rtts.tools.demo_voice import demo_voice_dir
+from rtts.tools.random_checkpoint import make_random_checkpoint
 from rtts.types import SamplingParams
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -32,9 +33,9 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_checkpoint(path: str | None) -> Path:
     if path is None:
-        d = ensure_default_checkpoint()
-        print(f"rtts: no --checkpoint given, using the embedded default model at {d} "
-              "(tiny, random weights: it produces noise, not speech)", file=sys.stderr)
+        d = demo_voice_dir()
+        print(f"rtts: no --checkpoint given, using the embedded demo voice at {d} (its README.md says what it is)",
+              file=sys.stderr)
         return d
     p = Path(path)
     if not p.is_dir():
@@ -156,7 +157,7 @@ def cmd_make_random(args: argparse.Namespace) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> None:
     from rtts.runtime import ServerConfig
-    from rtts.tools.random_checkpoint import default_checkpoint_dir
+    from rtts.voices import default_voices_dir
     from rtts.ws.server import serve
 
     if args.checkpoint is not None and not Path(args.checkpoint).is_dir():
@@ -167,7 +168,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         raise ValueError("--max-running and --prefill-rows must be >= 1 and --max-ctx >= 64")
     if not args.drain_grace >= 0:  # (NaN too)
         raise ValueError("--drain-grace must be >= 0 seconds")
-    voices = args.voices_dir or str(default_checkpoint_dir().parent / "voices")
+    voices = args.voices_dir or str(default_voices_dir())
     config = ServerConfig(
         checkpoint=args.checkpoint, host=args.host, port=args.port, device=args.device, dtype=args.dtype,
         max_running=args.max_running, max_ctx=args.max_ctx, prefill_rows=prefill_rows,
@@ -198,10 +199,9 @@ def cmd_voices(args: argparse.Namespace) -> None:
     on it sees a voice added, replaced or deleted here at its next use (VoiceStore reads the disk through). A clip is
     encoded by the codec of the checkpoint given (the one the server runs: codes from another codec would be another
     voice)."""
-    from rtts.tools.random_checkpoint import default_checkpoint_dir
-    from rtts.voices import VOICE_ID, VoiceMeta, VoiceStore, reference_encoder
+    from rtts.voices import VOICE_ID, VoiceMeta, VoiceStore, default_voices_dir, reference_encoder
 
-    root = args.voices_dir or str(default_checkpoint_dir().parent / "voices")
+    root = args.voices_dir or str(default_voices_dir())
     if args.voices_cmd != "add":
         store = VoiceStore(root, lambda audio: np.zeros((0, 0), np.int64))  # no encoding: list / delete only
         if args.voices_cmd == "list":

@@ -161,7 +161,7 @@ def kernel_cache_dir() -> str | None:
 
 
 def home() -> str | None:
-    """RTTS_HOME: cache root for the default model and stored voices (default ~/.cache/rtts)."""
+    """RTTS_HOME: the root of the stored voices, `$RTTS_HOME/voices` (default ~/.cache/rtts)."""
     return os.environ.get("RTTS_HOME") or None
 
 

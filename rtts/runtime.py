@@ -26,7 +26,7 @@ from rtts.model.quant import quantize_model_
 from rtts.pingpong import NoSlotError, Scheduler, SchedulerConfig, StreamHandle
 from rtts.request import Limits
 from rtts.startup import freeze_startup_objects, set_switch_interval
-from rtts.tools.random_checkpoint import ensure_default_checkpoint
+from rtts.tools.demo_voice import demo_voice_dir, summary
 from rtts.types import SamplingParams
 from rtts.voices import VoiceStore, reference_encoder
 
@@ -46,7 +46,7 @@ RECLAIM_ANYWAY = 0.5  # seconds without a slot after which open_stream takes bac
 
 @dataclass(frozen=True)
 class ServerConfig:
-    checkpoint: str | None = None  # None: the embedded default model
+    checkpoint: str | None = None  # None: the packaged demo voice (rtts.tools.demo_voice)
     host: str = "127.0.0.1"
     port: int = 8080
     device: str = "cpu"
@@ -106,8 +106,10 @@ class Runtime:
             raise ValueError("--device cuda requested but no CUDA device is available")
         self.checkpoint = Path(config.checkpoint) if config.checkpoint else None
         self.default_model = loaded is None and self.checkpoint is None
+        # What the log, /v1/info and the demo page say about the default model: the demo voice's own README.
+        self.model_summary = summary(demo_voice_dir()) if self.default_model else ""
         if loaded is None:
-            ckpt = self.checkpoint or ensure_default_checkpoint()
+            ckpt = self.checkpoint or demo_voice_dir()
             dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
                      "bfloat16": torch.bfloat16, "float32": torch.float32}[config.dtype]
             t0 = time.perf_counter()
@@ -166,8 +168,9 @@ class Runtime:
             self.trimmer = IdleTrimmer(lambda: not self.scheduler.generating).start()
         self.ready = True
         if self.default_model:
-            log.warning("serving the embedded default model: tiny random weights, it produces NOISE, not speech. "
-                        "Pass --checkpoint DIR (fishaudio/s2-pro or openaudio-s1-mini) for real voices.")
+            log.info("serving the embedded demo voice %s (%s, %d Hz): %s Pass --checkpoint DIR (fishaudio/s2-pro or "
+                     "openaudio-s1-mini) for the release models.", demo_voice_dir(), self.loaded.config.model_type,
+                     self.sample_rate, self.model_summary)
 
     def fail(self, reason: str) -> None:
         """The server can no longer synthesize (the scheduler's worker thread died): /v1/health answers 503, the hooks

@@ -45,12 +45,18 @@ from typing import Any
 
 import numpy as np
 
+from rtts import env
 from rtts.audio.io import AudioError, read_audio
 from rtts.model.codec import Codec, encode_audio
 
 log = logging.getLogger("rtts.voices")
 
 VOICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # whole id (fullmatch: "$" would admit a final newline)
+
+
+def default_voices_dir() -> Path:
+    """The store `rtts serve` and `rtts voices` use without --voices-dir: $RTTS_HOME/voices (~/.cache/rtts/voices)."""
+    return Path(env.home() or Path.home() / ".cache" / "rtts") / "voices"
 
 
 class VoiceError(ValueError):

@@ -49,14 +49,17 @@ def free_port() -> int:
 
 
 class LiveServer:
-    """`build_server(...)` + `server.run()` in a daemon thread; ready once `/v1/health` answers 200."""
+    """`build_server(...)` + `server.run()` in a daemon thread; ready once `/v1/health` answers 200. The runtime is
+    `rt` when given, else one on the config's checkpoint, loaded once per process (load_tiny)."""
 
-    def __init__(self, config: ServerConfig) -> None:
-        assert config.checkpoint is not None
-        loaded, codec = load_tiny(config.checkpoint)
+    def __init__(self, config: ServerConfig, rt: Runtime | None = None) -> None:
+        if rt is None:
+            assert config.checkpoint is not None
+            loaded, codec = load_tiny(config.checkpoint)
+            rt = Runtime(config, loaded=loaded, codec=codec)
         self.config = config
         self.port = config.port
-        self.server, self.rt = build_server(config, Runtime(config, loaded=loaded, codec=codec))
+        self.server, self.rt = build_server(config, rt)
         self.thread = threading.Thread(target=self.server.run, name=f"uvicorn-{self.port}", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 60

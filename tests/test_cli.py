@@ -108,21 +108,6 @@ def test_make_random_tiny_then_synth(tmp_path: Path) -> None:
         assert (out / name).read_bytes() == (again / name).read_bytes()
 
 
-def test_embedded_default_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without --checkpoint, `rtts synth` and the server make the embedded default model under $RTTS_HOME on first
-    use (the README's `rtts serve` runs on it) and say it is one."""
-    from rtts.runtime import Runtime, ServerConfig
-    from rtts.tools.random_checkpoint import default_checkpoint_dir
-
-    monkeypatch.setenv("RTTS_HOME", str(tmp_path / "home"))
-    main(["synth", "Default model.", "--seed", "1", "--max-frames", "4", "-o", str(tmp_path / "o.wav")])
-    assert default_checkpoint_dir().is_relative_to(tmp_path) and (default_checkpoint_dir() / "codec.pth").exists()
-    audio, rate = sf.read(tmp_path / "o.wav")
-    assert rate == 44100 and 0 < audio.size
-    rt = Runtime(ServerConfig(warmup=False, cuda_graphs=False, voices_dir=str(tmp_path / "voices")))
-    assert rt.default_model and rt.checkpoint is None
-
-
 @pytest.mark.parametrize(
     "argv, needle",
     [

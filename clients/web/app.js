@@ -26,10 +26,10 @@ function authHeaders() {
 }
 
 fetch("/v1/info").then((r) => r.json()).then((info) => {
-  if (info.default_model) {
-    $("warn").style.display = "block";
-    $("warn").textContent = "This server runs its embedded default model: tiny random weights. It produces noise, " +
-      "not speech. Start it with --checkpoint pointing at a real S2-Pro or S1-mini checkpoint for real voices.";
+  if (info.default_model) {  // what the default voice is: the server's note, from the voice's own README
+    $("about").style.display = "block";
+    $("about").textContent = `This server speaks with its ${info.note} Start it with --checkpoint pointing at an ` +
+      "S2-Pro or S1-mini checkpoint for the release models.";
   }
   log(`model ${info.model}, up to ${info.max_running} concurrent streams`);
 }).catch((e) => log(`info: ${e}`));

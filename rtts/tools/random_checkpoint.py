@@ -1,12 +1,12 @@
-"""`rtts make-random-checkpoint`: random weights in the exact release layout, for benchmarks and the default model.
+"""`rtts make-random-checkpoint`: random weights in the exact release layout, for benchmarks and tests.
 
 Presets:
 - `s2-pro`: `fish_qwen3_omni` with the S2-Pro shapes (4.56 B params, bf16 by default), two safetensors shards + index,
   a Qwen-sized `tokenizer.json` with the release's special ids, and a release-shaped `codec.pth`. The LLM is written
   tensor by tensor, so RAM never holds two copies (or even one copy of the whole model).
 - `s1-mini`: `dual_ar` with the S1-mini shapes, `model.pth`, tiktoken files, release codec.
-- `tiny`: a small S2-format model and codec (sizes like the golden tiny set): what `rtts serve` runs when no
-  checkpoint is given. Random weights produce noise, not speech.
+- `tiny`: a small S2-format model and codec (sizes like the golden tiny set), fast on a CPU: tests, and
+  `rtts serve --random-preset tiny`. Random weights produce noise, not speech.
 
 Everything is deterministic for a seed: the same preset and seed give the same bytes.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,6 @@ from typing import Any
 
 import torch
 
-from rtts import env
 from rtts.model.codec import Codec, CodecConfig, codec_from_state_dict, random_codec_state_dict
 from rtts.model.config import S1_MINI_CONFIG_JSON, S2_PRO_CONFIG_JSON, DualARConfig
 from rtts.model.dual_ar import DualARTransformer
@@ -33,9 +31,6 @@ from rtts.tools.random_tokenizer import write_s1_tokenizer, write_s2_tokenizer
 from rtts.tools.safetensors_writer import write_safetensors
 
 PRESETS = ("s2-pro", "s1-mini", "tiny")
-# Part of the embedded default model's folder name: bump it whenever what `make_random_checkpoint("tiny")` writes
-# changes (2: tokenizer merges learned by the `tokenizers` BPE trainer), so that caches made before are rebuilt.
-DEFAULT_MODEL_VERSION = 2
 SHARD_BYTES = 5 << 30  # the release splits its ~9 GB into two shards
 
 TINY_CONFIG_JSON: dict[str, Any] = {
@@ -223,29 +218,6 @@ def _bar(total: int, show: bool, desc: str) -> Callable[[int | None], None]:
 
     bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc)
     return lambda n: bar.close() if n is None else bar.update(n)
-
-
-def default_checkpoint_dir() -> Path:
-    """Where the embedded default (tiny, random) model lives; made on first use."""
-    root = Path(env.home() or Path.home() / ".cache" / "rtts")
-    return root / f"default-tiny-s2-v{DEFAULT_MODEL_VERSION}"
-
-
-def ensure_default_checkpoint() -> Path:
-    """The embedded default model: a tiny random-weight S2-format checkpoint made deterministically on first use.
-
-    It produces noise, not speech; it exists so `rtts serve` and `rtts synth` work out of the box.
-    """
-    d = default_checkpoint_dir()
-    if (d / "codec.pth").exists() and (d / "model.safetensors").exists():
-        return d
-    tmp = d.with_name(d.name + f".tmp{os.getpid()}")
-    make_random_checkpoint("tiny", tmp, seed=0, progress=False)
-    try:
-        tmp.rename(d)
-    except OSError:  # another process finished first
-        pass
-    return d
 
 
 def random_model(

@@ -111,8 +111,7 @@ def create_app(rt: Runtime) -> Starlette:
     async def info(request: object) -> Response:
         return JSONResponse({
             "model": rt.loaded.config.model_type, "default_model": rt.default_model,
-            "note": ("embedded default model: tiny random weights, it produces noise, not speech"
-                     if rt.default_model else ""),
+            "note": f"embedded demo voice: {rt.model_summary}" if rt.default_model else "",
             "sample_rate": rt.sample_rate, "max_running": rt.config.max_running,
         })
 
