@@ -5,6 +5,7 @@ export, loaded by the server's own loaders and synthesized from."""
 from __future__ import annotations
 
 import gzip
+import json
 import math
 import re
 import shutil
@@ -214,8 +215,16 @@ def test_pipeline_through_export_and_the_server_loaders(tmp_path: Path) -> None:
     frame = load_codec(codec_dir).config.frame_length
     assert toks.frames.tolist() == [-(-u.length // frame) for u in store.utts]
     assert tokens.Tokens.load(work / "tokens").codes.shape == toks.codes.shape
-    dcfg = replace(MICRO.dualar_training, steps=2, batch_positions=4 * 200, save_every=1, log_every=1)
+    tokens.encode_store(store, codec_dir, work / "tokens" / "heldout", dev)  # validation on the same toy texts
+    dcfg = replace(MICRO.dualar_training, steps=2, batch_positions=4 * 200, save_every=1, log_every=1, val_every=1)
     assert dualar_train.train(MICRO, work, dcfg, dev) is not None
+    records = [json.loads(line) for line in (work / "dualar.log.jsonl").read_text().splitlines()]
+    vals = [r for r in records if "val_main" in r]
+    assert [r["step"] for r in vals] == [0, 1, 2] and all(r["utterances"] == len(texts) for r in vals)
+    best = state.load(work, dualar_train.BEST)
+    assert round(best["val_main"], 4) == min(r["val_main"] for r in vals)
+    exported = state.load(work, dualar_train.WEIGHTS)["model"]  # what export reads: the best held-out weights
+    assert all(torch.equal(exported[k], best["model"][k]) for k in exported)
     out = export.export(work, tmp_path / "ckpt")
     assert {f.name for f in out.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json", "codec.pth",
                                                "codec_config.json"}

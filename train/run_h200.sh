@@ -51,16 +51,16 @@ case $CALL in
     python3 -m rtts.train codec --preset "$PRESET" --minutes "$(minutes_left 50)" 2>&1 | tee "$OUT/codec.log"
     python3 -m rtts.train tokens --preset "$PRESET" 2>&1 | tee -a "$OUT/codec.log"
     cp $W/codec/codec.pth $W/tokens/codes.part*.npy "$OUT/"
-    pack codec/codec_config.json tokens/index.json codec.log.jsonl data/meta.json
+    pack codec/codec_config.json tokens/index.json tokens/heldout codec.log.jsonl data/meta.json
     ;;
   tokens)
     speak
     python3 -m rtts.train tokens --preset "$PRESET" 2>&1 | tee "$OUT/tokens.log"
-    pack tokens/index.json data/meta.json
+    pack tokens/index.json tokens/heldout data/meta.json
     ;;
   call2|call3)
     if [ -d $W/tokens.gz ] && [ ! -f $W/tokens/index.json ]; then  # the gzipped copy call3 may carry
-      mkdir -p $W/tokens && cp $W/tokens.gz/index.json $W/tokens/
+      mkdir -p $W/tokens && cp $W/tokens.gz/index.json $W/tokens/ && cp -r $W/tokens.gz/heldout $W/tokens/
       for z in $W/tokens.gz/*.npy.gz; do gunzip -c "$z" > "$W/tokens/$(basename "$z" .gz)"; done
     fi
     if [ ! -f $W/tokens/index.json ]; then  # a fresh machine: speak and encode here, out of this call's time

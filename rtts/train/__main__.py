@@ -64,6 +64,11 @@ def cmd_data(args: argparse.Namespace) -> None:
     took = time.perf_counter() - t0
     print(f"data: {len(store.utts)} utterances, {store.seconds / 3600:.2f} h in {took:.0f} s "
           f"({store.seconds / max(took, 1e-9):.0f}x real time)")
+    # The held-out sentences too, for the DualAR stage's validation loss (never trained on).
+    heldout = sentences.read_lines(TRAIN_DIR / "heldout.txt")
+    held = dataset.write(_workdir(args) / "heldout", flite.synthesize(voice, heldout, args.processes, len(heldout)),
+                         flite.SAMPLE_RATE, flite.VOICE_BINARY)
+    print(f"data: {len(held.utts)} held-out utterances for validation")
 
 
 def cmd_codec(args: argparse.Namespace) -> None:
@@ -92,8 +97,12 @@ def cmd_tokens(args: argparse.Namespace) -> None:
     _threads(args)
     work = _workdir(args)
     t0 = time.perf_counter()
-    toks = tokens.encode_store(Store.load(work / "data"), work / "codec", work / "tokens", pick_device(args.device))
+    device = pick_device(args.device)
+    toks = tokens.encode_store(Store.load(work / "data"), work / "codec", work / "tokens", device)
     print(f"tokens: {len(toks.texts)} utterances, {toks.codes.shape[1]} frames in {time.perf_counter() - t0:.0f} s")
+    if (work / "heldout" / "meta.json").exists():  # inside tokens/, so it travels with them
+        held = tokens.encode_store(Store.load(work / "heldout"), work / "codec", work / "tokens" / "heldout", device)
+        print(f"tokens: {len(held.texts)} held-out utterances for validation")
 
 
 def cmd_dualar(args: argparse.Namespace) -> None:

@@ -31,9 +31,11 @@ from rtts.train.presets import DualARTraining, Preset
 from rtts.train.sequences import Batch, SequenceMaker, batches, prefetched
 from rtts.train.text import config_json, write_tokenizer
 from rtts.train.tokens import Tokens
+from rtts.train.validation import Validation
 
 STATE = "dualar_state"
 WEIGHTS = "dualar_weights"
+BEST = "dualar_best"  # the weights with the lowest held-out main loss so far, and that loss
 
 
 def guided_loss(probs: list[torch.Tensor], spans: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -116,14 +118,17 @@ def train(preset: Preset, workdir: Path, cfg: DualARTraining, device: torch.devi
     model, _, ckpt = build(preset, workdir, device)
     tok = load_tokenizer(ckpt, "fish_qwen3_omni")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    step, total = 0, cfg.steps
+    step, total, best_val = 0, cfg.steps, float("inf")
     if state.exists(workdir, STATE):
         saved = state.load(workdir, STATE, device)
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])
         step, total = int(saved["step"]), int(saved.get("total", cfg.steps))
+        best_val = float(saved.get("best_val", best_val))
         print(f"dualar: resumed at step {step} of {total}", flush=True)
-    elif init_weights is not None:
+    else:
+        state.remove(workdir, BEST)  # a previous run's
+    if init_weights is not None and step == 0:
         model.load_state_dict(initial_weights(init_weights, device))
         print(f"dualar: starting from the weights in {init_weights}", flush=True)
     tokens = Tokens.load(workdir / "tokens")
@@ -133,6 +138,7 @@ def train(preset: Preset, workdir: Path, cfg: DualARTraining, device: torch.devi
     maker = SequenceMaker(builder, tokens)
     main_ids = torch.cat([torch.arange(tok.semantic_begin_id, tok.semantic_end_id + 1), torch.tensor([tok.im_end_id])])
     main_ids = main_ids.to(device)
+    val = Validation.load(workdir / "tokens", builder, device, cfg.batch_positions)
     stream = prefetched(maker, batches(maker, cfg.batch_positions, cfg.max_frames, cfg.multi_turn, seed + step))
     log, deadline = Log(workdir, "dualar"), Deadline(minutes)
     budget = StepBudget(deadline)
@@ -142,10 +148,33 @@ def train(preset: Preset, workdir: Path, cfg: DualARTraining, device: torch.devi
 
     def save() -> None:
         state.save(workdir, STATE, {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                                    "total": total})
+                                    "total": total, "best_val": best_val})
+
+    def validate() -> None:
+        nonlocal best_val
+        if val is None:
+            return
+        v = val.score(model, main_ids, cfg)
+        log(step, **{f"val_{k}": round(x, 4) for k, x in v.items()}, utterances=val.utterances)
+        if v["main"] < best_val:
+            best_val = v["main"]
+            state.save(workdir, BEST, {"model": model.state_dict(), "step": step, "val_main": best_val})
+
+    def save_weights() -> None:
+        """What export reads: the best held-out weights when validating, else the current ones."""
+        weights = model.state_dict()
+        if val is not None and state.exists(workdir, BEST):
+            best = state.load(workdir, BEST, device)
+            if int(best["step"]) != step:
+                print(f"dualar: keeping step {best['step']}'s weights (held-out main loss {best['val_main']:.4f})",
+                      flush=True)
+            weights = best["model"]
+        state.save(workdir, WEIGHTS, {"model": weights})
 
     first, fitting = step, total == cfg.steps  # a resumed run keeps the schedule it was fitted to
     model.train()
+    if step == first:
+        validate()  # the starting point counts: more steps may only make the held-out loss worse
     while step < total:
         fitted = budget.fit(cfg.steps, step, step - first) if fitting else None
         if fitted is not None:
@@ -167,12 +196,14 @@ def train(preset: Preset, workdir: Path, cfg: DualARTraining, device: torch.devi
             log(step, loss=float(loss.detach()), **{k: float(v.detach()) for k, v in parts.items()},
                 grad=float(grad), batch=int(batch.columns.shape[0]), positions=int(batch.columns.shape[-1]),
                 seconds=round(deadline.elapsed, 1))
+        if step % cfg.val_every == 0 or step == total or deadline.passed:
+            validate()
         if step % cfg.save_every == 0 or step == total:
             save()
         if deadline.passed and step < total:
             save()
-            state.save(workdir, WEIGHTS, {"model": model.state_dict()})
+            save_weights()
             print(f"dualar: time budget reached at step {step}; rerun to resume", flush=True)
             return None
-    state.save(workdir, WEIGHTS, {"model": model.state_dict()})
+    save_weights()
     return ckpt

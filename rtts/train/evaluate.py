@@ -170,8 +170,8 @@ def evaluate(texts: list[str], out: Path, checkpoint: Path | None = None, url: s
             if server is not None:
                 server.stop()
         items = score_items(asr, texts, audios, finishes)
-        report["server"] = {"checkpoint": str(checkpoint or url), "sampling": sampling or "server defaults", "items": [asdict(i) for i in items],
-                            "summary": summary(items)}
+        report["server"] = {"checkpoint": str(checkpoint or url), "sampling": sampling or "server defaults",
+                            "items": [asdict(i) for i in items], "summary": summary(items)}
         ratio = [i.seconds / max(s.size / PCM_RATE, 1e-3) for i, s in zip(items, src)]
         report["server"]["summary"]["length_ratio_median"] = round(float(np.median(ratio)), 3)
     report["seconds"] = round(time.perf_counter() - t0, 1)

@@ -86,6 +86,7 @@ class DualARTraining:
     guided_until: float = 0.6  # share of the steps after which the guided-attention weight has decayed to 10%
     guided_layers: tuple[int, ...] = (1, 2)  # the first head of each is pulled onto the text diagonal
     eos_weight: float = 5.0
+    val_every: int = 250  # held-out losses (rtts.train.validation); the best weights are the ones exported
     save_every: int = 500
     log_every: int = 50
 

@@ -45,6 +45,13 @@ def exists(directory: Path, name: str) -> bool:
     return (directory / f"{name}.json").is_file()
 
 
+def remove(directory: Path, name: str) -> None:
+    """Delete a saved state (manifest first, so a half-deleted one never reads as present)."""
+    (directory / f"{name}.json").unlink(missing_ok=True)
+    for part in directory.glob(f"{name}.part*"):
+        part.unlink()
+
+
 def load(directory: Path, name: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     manifest = json.loads((directory / f"{name}.json").read_text())
     blob = b"".join((directory / part).read_bytes() for part in manifest["parts"])
