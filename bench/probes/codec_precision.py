@@ -113,26 +113,40 @@ def snr_db(ref: torch.Tensor, x: torch.Tensor) -> float:
     return float("inf") if err == 0 else 10 * torch.log10(ref.pow(2).sum() / err).item()
 
 
-def profile_eager(codec: Codec, b: int, frames: int) -> list[tuple[str, float, int]]:
+Ranked = list[tuple[str, float, int]]
+
+
+def profile_eager(codec: Codec, b: int, frames: int) -> tuple[Ranked, Ranked]:
+    """One eager chunk decode under torch.profiler -> (top CUDA kernels, top torch ops with their input shapes by
+    the device time they launched themselves): kernel names say what ran, the ops say which line of the codec
+    asked for it (a copy, a cat, a non-contiguous elementwise pass)."""
     from torch.profiler import ProfilerActivity, profile
 
     if codec.device.type != "cuda":
-        return []
+        return [], []
     state = codec.new_stream_state(b)
     codes = random_codes(codec, b, frames, seed=2)
     with torch.inference_mode():
         codec.decode_stream(codes, state)
         sync(codec.device)
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:  # kernels only
             codec.decode_stream(codes, state)
             sync(codec.device)
-    rows = []
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as by_ops:
+            codec.decode_stream(codes, state)
+            sync(codec.device)
+    kernels, ops = [], []
     for e in prof.key_averages():
         us = float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", None) or 0.0)
         if us > 0:
-            rows.append((e.key[:90], us, e.count))
-    rows.sort(key=lambda r: -r[1])
-    return rows[:25]
+            kernels.append((e.key[:110], us, e.count))
+    for e in by_ops.key_averages(group_by_input_shape=True):
+        self_us = float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", None) or 0.0)
+        if self_us > 0 and e.key.startswith("aten::"):
+            ops.append((f"{e.key} {str(e.input_shapes)[:90]}", self_us, e.count))
+    kernels.sort(key=lambda r: -r[1])
+    ops.sort(key=lambda r: -r[1])
+    return kernels[:25], ops[:25]
 
 
 def main() -> None:
@@ -187,15 +201,21 @@ def main() -> None:
         rows.append(f"| {name} | " + " | ".join(f"{r['chunk_ms'][b]:.2f}" for b in batches)
                     + f" | {per_frame:.1f} | {r['snr_db']:.1f} | {r['snr_voiced_db']:.1f} |")
     tops: dict[str, list[tuple[str, float, int]]] = {}
+    top_ops: dict[str, list[tuple[str, float, int]]] = {}
     for name in (SERVED, "fp16"):  # where the time went before, and where it goes now
         v = VARIANTS[name]
         v.apply()
         codec = base if v.dtype == torch.float32 else copy.deepcopy(base).to(v.dtype)  # (the variant's own weights)
-        tops[name] = ranked = profile_eager(codec, max(batches), args.frames)
+        ranked, by_op = profile_eager(codec, max(batches), args.frames)
+        tops[name], top_ops[name] = ranked, by_op
         rows += ["", f"Top CUDA kernels, one eager chunk decode, {name} (batch {max(batches)}, {args.frames} frames):",
                  "", "| kernel | us total | calls |", "|---|---|---|"]
         rows += [f"| `{k}` | {us:.0f} | {n} |" for k, us, n in ranked]
-    data = {"env": environment(), "config": vars(args), "results": results, "top_kernels": tops}
+        rows += ["", f"Top torch ops by the device time of their own kernels, {name}, by input shapes:",
+                 "", "| op and input shapes | us total | calls |", "|---|---|---|"]
+        rows += [f"| `{k}` | {us:.0f} | {n} |" for k, us, n in by_op]
+    data = {"env": environment(), "config": vars(args), "results": results, "top_kernels": tops,
+            "top_ops": top_ops}
     jp, mp = write_results(args.out, "codec-precision", data, "\n".join(rows))
     print("\n".join(rows))
     print(f"wrote {jp} and {mp}")
