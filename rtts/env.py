@@ -155,6 +155,21 @@ def priority_streams() -> bool:
     return _flag(os.environ, "RTTS_PRIORITY_STREAMS")
 
 
+def cpu_threads() -> int | None:
+    """RTTS_CPU_THREADS (>= 1): torch's intra-op threads when the server runs on a CPU. Unset: half the cores (at
+    least one), since the decode and codec threads each run torch ops at the same time; None (torch's own choice)
+    when OMP_NUM_THREADS is set."""
+    v = os.environ.get("RTTS_CPU_THREADS", "").strip()
+    if v:
+        n = int(v)
+        if n < 1:
+            raise ValueError(f"RTTS_CPU_THREADS must be >= 1, got {v!r}")
+        return n
+    if os.environ.get("OMP_NUM_THREADS", "").strip():
+        return None
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
 def kernel_cache_dir() -> str | None:
     """RTTS_KERNEL_CACHE_DIR: where compiled kernels are cached (CuPy's own cache otherwise); read when CuPy loads."""
     return os.environ.get("RTTS_KERNEL_CACHE_DIR") or None

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from rtts import env
 from rtts.allocator import IdleTrimmer
 from rtts.engine.engine import DEFAULT_PREFILL_ROWS, Engine
 from rtts.metrics import Metrics
@@ -104,6 +105,11 @@ class Runtime:
         device = torch.device(config.device)
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda requested but no CUDA device is available")
+        if device.type == "cpu" and (threads := env.cpu_threads()) is not None:
+            # Process-wide; measured on a 2-core box with the demo voice: one thread each for the decode and codec
+            # threads streams faster than both sharing two (bench/results/cpu/).
+            torch.set_num_threads(threads)
+            log.info("torch CPU threads: %d (RTTS_CPU_THREADS overrides)", threads)
         self.checkpoint = Path(config.checkpoint) if config.checkpoint else None
         self.default_model = loaded is None and self.checkpoint is None
         # What the log, /v1/info and the demo page say about the default model: the demo voice's own README.
