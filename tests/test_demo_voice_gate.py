@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import system_tool
+
 from rtts.tools.demo_voice import demo_voice_dir
 from rtts.train import evaluate, sentences
 from rtts.train.__main__ import TRAIN_DIR, VALIDATION_FROM
