@@ -22,8 +22,12 @@ case $CALL in
     cp "$FROM/model.safetensors" "$FROM/codec.pth" $W/export/
     mv $W/export $W/ckpt
     # call3 carries these instead of tokens/ and ckpt/codec.pth (the same file as codec/codec.pth), to fit 64 MiB
-    rm -rf $W/tokens.gz && mkdir -p $W/tokens.gz && cp -r $W/tokens/index.json $W/tokens/heldout $W/tokens.gz/
-    for f in $W/tokens/codes.part*.npy; do gzip -9 -c "$f" > "$W/tokens.gz/$(basename "$f").gz"; done
+    # (only when this machine holds the codes: after a `tokens` call they stayed on the GPU machine)
+    if [ -f $W/tokens/index.json ]; then
+      rm -rf $W/tokens.gz && mkdir -p $W/tokens.gz && cp $W/tokens/index.json $W/tokens.gz/
+      [ -d $W/tokens/heldout ] && cp -r $W/tokens/heldout $W/tokens.gz/
+      for f in $W/tokens/codes.part*.npy; do gzip -9 -c "$f" > "$W/tokens.gz/$(basename "$f").gz"; done
+    fi
     ;;
   *) echo "unknown call $CALL" >&2; exit 2 ;;
 esac
