@@ -2,7 +2,7 @@
 
     python bench/probes/gc_pause.py [--checkpoint DIR] [--device cpu|cuda]
 
-Builds the server runtime as `rtts serve` does (embedded default model unless --checkpoint; no warm-up), counts the
+Builds the server runtime as `rtts serve` does (the packaged demo voice unless --checkpoint; no warm-up), counts the
 objects the cyclic collector tracks, times three full collections, freezes (rtts.startup) and times one more. A full
 collection holds the GIL: every serving thread and the event loop wait for it.
 """
