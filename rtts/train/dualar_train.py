@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from rtts.model.config import DualARConfig
 from rtts.model.dual_ar import DualARTransformer
 from rtts.model.prompt import PromptBuilder
-from rtts.model.tokenizer import load_tokenizer
+from rtts.model.tokenizer import FishTokenizer, load_tokenizer
 from rtts.train import dualar_forward as fwd
 from rtts.train import state
 from rtts.train.loop import Deadline, Log, StepBudget, autocast, cosine_lr, set_lr
@@ -57,6 +57,12 @@ def guided_loss(probs: list[torch.Tensor], spans: torch.Tensor, sigma: float) ->
         queries = queries + in_q[..., 0].float()
     total = sum((p[:, 0] * weight).sum() for p in probs)
     return total / (queries.sum() * len(probs)).clamp(min=1)
+
+
+def main_token_ids(tok: FishTokenizer) -> torch.Tensor:
+    """The ids the server samples the main token from (S2: the semantic ids, then <|im_end|>): the main head's
+    classes, in the order `losses` indexes them."""
+    return torch.cat([torch.arange(tok.semantic_begin_id, tok.semantic_end_id + 1), torch.tensor([tok.im_end_id])])
 
 
 def losses(model: DualARTransformer, batch: Batch, main_ids: torch.Tensor, cfg: DualARTraining,
@@ -128,16 +134,15 @@ def train(preset: Preset, workdir: Path, cfg: DualARTraining, device: torch.devi
         print(f"dualar: resumed at step {step} of {total}", flush=True)
     else:
         state.remove(workdir, BEST)  # a previous run's
-    if init_weights is not None and step == 0:
-        model.load_state_dict(initial_weights(init_weights, device))
-        print(f"dualar: starting from the weights in {init_weights}", flush=True)
+        if init_weights is not None:
+            model.load_state_dict(initial_weights(init_weights, device))
+            print(f"dualar: starting from the weights in {init_weights}", flush=True)
     tokens = Tokens.load(workdir / "tokens")
     if tokens.codes.shape[0] != model.config.num_codebooks:
         raise ValueError(f"tokens have {tokens.codes.shape[0]} codebooks, the model {model.config.num_codebooks}")
     builder = PromptBuilder(tok, model.config.num_codebooks, "s2", model.config.codebook_size)
     maker = SequenceMaker(builder, tokens)
-    main_ids = torch.cat([torch.arange(tok.semantic_begin_id, tok.semantic_end_id + 1), torch.tensor([tok.im_end_id])])
-    main_ids = main_ids.to(device)
+    main_ids = main_token_ids(tok).to(device)
     val = Validation.load(workdir / "tokens", builder, device, cfg.batch_positions)
     stream = prefetched(maker, batches(maker, cfg.batch_positions, cfg.max_frames, cfg.multi_turn, seed + step))
     log, deadline = Log(workdir, "dualar"), Deadline(minutes)
@@ -173,8 +178,7 @@ def train(preset: Preset, workdir: Path, cfg: DualARTraining, device: torch.devi
 
     first, fitting = step, total == cfg.steps  # a resumed run keeps the schedule it was fitted to
     model.train()
-    if step == first:
-        validate()  # the starting point counts: more steps may only make the held-out loss worse
+    validate()  # the starting point counts: more steps may only make the held-out loss worse
     while step < total:
         fitted = budget.fit(cfg.steps, step, step - first) if fitting else None
         if fitted is not None:

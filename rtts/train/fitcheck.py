@@ -18,10 +18,7 @@ from rtts.train.tokens import Tokens
 
 
 def subset(tokens: Tokens, idx: list[int]) -> Tokens:
-    frames = tokens.frames[idx]
-    starts = np.concatenate([[0], np.cumsum(frames)[:-1]]).astype(np.int64)
-    return Tokens([tokens.texts[i] for i in idx], starts, frames,
-                  np.concatenate([tokens.utterance(i) for i in idx], axis=1))
+    return Tokens.of([tokens.texts[i] for i in idx], [tokens.utterance(i) for i in idx])
 
 
 def encoded(checkpoint: Path, texts: list[str], bundle: Path | None, processes: int) -> Tokens:
@@ -30,30 +27,26 @@ def encoded(checkpoint: Path, texts: list[str], bundle: Path | None, processes: 
     from rtts.train.evaluate import source_audio
 
     codec = load_codec(checkpoint)
-    codes = [encode_audio(codec, a).numpy() for a in source_audio(texts, bundle, processes)]
-    frames = np.array([c.shape[1] for c in codes], np.int64)
-    starts = np.concatenate([[0], np.cumsum(frames)[:-1]]).astype(np.int64)
-    return Tokens(list(texts), starts, frames, np.concatenate(codes, axis=1).astype(np.uint16))
+    return Tokens.of(texts, [encode_audio(codec, a).numpy() for a in source_audio(texts, bundle, processes)])
 
 
-@torch.no_grad()
 def scores(checkpoint: Path, sets: dict[str, Tokens], preset: str) -> dict[str, dict[str, float]]:
+    """The training losses of each set, as the DualAR stage's validation computes them, on the CPU."""
     from rtts.model.loading import load_model
     from rtts.model.prompt import PromptBuilder
-    from rtts.train.dualar_train import losses
+    from rtts.train.dualar_train import main_token_ids
     from rtts.train.presets import PRESETS
-    from rtts.train.sequences import SequenceMaker, collate
+    from rtts.train.validation import Validation
 
     loaded = load_model(checkpoint, device=torch.device("cpu"), dtype=torch.float32)
     model, tok = loaded.model, loaded.tokenizer
     builder = PromptBuilder(tok, model.config.num_codebooks, "s2", model.config.codebook_size)
-    main_ids = torch.cat([torch.arange(tok.semantic_begin_id, tok.semantic_end_id + 1), torch.tensor([tok.im_end_id])])
+    cfg = PRESETS[preset].dualar_training
+    main_ids, cpu = main_token_ids(tok), torch.device("cpu")
     out = {}
     for name, tokens in sets.items():
-        maker = SequenceMaker(builder, tokens)
-        batch = collate(maker, [maker.example([i]) for i in range(len(tokens.texts))])
-        parts = losses(model, batch, main_ids, PRESETS[preset].dualar_training, guided=False)
-        out[name] = {k: round(float(v), 4) for k, v in parts.items()}
+        v = Validation.of(tokens, builder, cpu, cfg.batch_positions).score(model, main_ids, cfg)
+        out[name] = {k: round(x, 4) for k, x in v.items()}
     return out
 
 

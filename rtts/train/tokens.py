@@ -33,6 +33,13 @@ class Tokens:
         return self.codes[:, s:s + int(self.frames[i])]
 
     @classmethod
+    def of(cls, texts: list[str], utterances: list[np.ndarray]) -> Tokens:
+        """Utterances' codes ([num_codebooks, frames] each) laid end to end, in order."""
+        frames = np.array([u.shape[1] for u in utterances], np.int64)
+        starts = np.concatenate([[0], np.cumsum(frames)[:-1]]).astype(np.int64)
+        return cls(list(texts), starts, frames, np.concatenate(utterances, axis=1).astype(np.uint16))
+
+    @classmethod
     def load(cls, root: Path) -> Tokens:
         index = json.loads((root / "index.json").read_text())
         parts = [np.load(root / name) for name in index["parts"]]
@@ -65,9 +72,8 @@ def encode_store(store: Store, codec_dir: Path, out: Path, device: torch.device,
         for row, j in enumerate(group):
             per_utt[j] = codes[row, :, : -(-store.utts[j].length // frame)]
         i += len(group)
-    all_codes = np.concatenate([per_utt[j] for j in range(len(store.utts))], axis=1).astype(np.uint16)
-    frames = np.array([per_utt[j].shape[1] for j in range(len(store.utts))], np.int64)
-    starts = np.concatenate([[0], np.cumsum(frames)[:-1]]).astype(np.int64)
+    toks = Tokens.of([u.text for u in store.utts], [per_utt[j] for j in range(len(store.utts))])
+    all_codes = toks.codes
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("codes.part*.npy"):
         old.unlink()
@@ -77,7 +83,7 @@ def encode_store(store: Store, codec_dir: Path, out: Path, device: torch.device,
         names.append(f"codes.part{k:03d}.npy")
         np.save(out / names[-1], all_codes[:, s:s + per_part])
     index = {"parts": names, "num_codebooks": int(all_codes.shape[0]), "frame_rate": codec.config.sample_rate / frame,
-             "utts": [{"text": u.text, "start": int(s), "frames": int(f)}
-                      for u, s, f in zip(store.utts, starts, frames)]}
+             "utts": [{"text": t, "start": int(s), "frames": int(f)}
+                      for t, s, f in zip(toks.texts, toks.starts, toks.frames)]}
     (out / "index.json").write_text(json.dumps(index) + "\n")
-    return Tokens([u.text for u in store.utts], starts, frames, all_codes)
+    return toks

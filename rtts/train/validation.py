@@ -35,7 +35,12 @@ class Validation:
         root = tokens_dir / HELDOUT
         if not (root / "index.json").is_file():
             return None
-        maker = SequenceMaker(builder, Tokens.load(root))
+        return cls.of(Tokens.load(root), builder, device, batch_positions)
+
+    @classmethod
+    def of(cls, tokens: Tokens, builder: PromptBuilder, device: torch.device, batch_positions: int) -> Validation:
+        """One turn per utterance, shortest first, in padded batches of at most `batch_positions` positions."""
+        maker = SequenceMaker(builder, tokens)
         examples = sorted((maker.example([i]) for i in range(len(maker.tokens.texts))), key=lambda e: e.length)
         batches: list[Batch] = []
         group: list[Example] = []
