@@ -45,6 +45,9 @@ speak() {  # the flite data: the preset's sentences (all 52,311 for h200), or SE
     ${SENTENCES:+--count "$SENTENCES"} 2>&1 | tee "$OUT/data.log"
   [ -f $W/data/meta.json ] || exit 1
 }
+encode() {  # speak, then the codes of every utterance (and of the held-out ones) with the trained codec
+  speak && python3 -m rtts.train tokens --preset "$PRESET" 2>&1 | tee "$OUT/tokens.log"
+}
 case $CALL in
   call1)
     speak
@@ -54,23 +57,23 @@ case $CALL in
     pack codec/codec_config.json tokens/index.json tokens/heldout codec.log.jsonl data/meta.json
     ;;
   tokens)
-    speak
-    python3 -m rtts.train tokens --preset "$PRESET" 2>&1 | tee "$OUT/tokens.log"
+    encode
     pack tokens/index.json tokens/heldout data/meta.json
     ;;
   call2|call3)
     if [ -d $W/tokens.gz ] && [ ! -f $W/tokens/index.json ]; then  # the gzipped copy call3 may carry
-      mkdir -p $W/tokens && cp $W/tokens.gz/index.json $W/tokens/ && cp -r $W/tokens.gz/heldout $W/tokens/
+      mkdir -p $W/tokens && cp $W/tokens.gz/index.json $W/tokens/
+      [ -d $W/tokens.gz/heldout ] && cp -r $W/tokens.gz/heldout $W/tokens/
       for z in $W/tokens.gz/*.npy.gz; do gunzip -c "$z" > "$W/tokens/$(basename "$z" .gz)"; done
     fi
     if [ ! -f $W/tokens/index.json ]; then  # a fresh machine: speak and encode here, out of this call's time
-      speak && python3 -m rtts.train tokens --preset "$PRESET" 2>&1 | tee "$OUT/tokens.log"
+      encode
     fi
     init=(); lr=()
     if [ "$CALL" = call3 ]; then
       from=$W/ckpt; [ -f $W/export/model.safetensors ] && from=$W/export  # this machine's last export, when warm
-      rm -rf $W/init && cp -r $from $W/init
-      init=(--init-weights $W/init); lr=(--lr "${LR:-4e-4}"); rm -f $W/dualar_state.*
+      # (read before training starts; this call's export replaces it only at the end)
+      init=(--init-weights $from); lr=(--lr "${LR:-4e-4}"); rm -f $W/dualar_state.*
     fi
     python3 -m rtts.train dualar --preset "$PRESET" "${init[@]}" "${lr[@]}" --minutes "$(minutes_left 40)" 2>&1 \
       | tee "$OUT/dualar.log"
