@@ -10,6 +10,7 @@ import pytest
 import soundfile as sf
 import soxr
 
+from rtts.audio.containers import ogg_crc
 from rtts.audio.encode import (
     DEFAULT_RATE,
     FORMATS,
@@ -22,7 +23,6 @@ from rtts.audio.encode import (
     StreamEncoder,
     float_to_s16,
     message_bytes_target,
-    ogg_crc,
     s16_to_mulaw,
     wav_stream_header,
 )

@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Callable
 import numpy as np
 import soundfile as sf
 
-from rtts.audio.encode import SAMPLE_RATES, OutputSpec, StreamEncoder, _MemoryFile
+from rtts.audio.containers import MemoryFile
+from rtts.audio.encode import SAMPLE_RATES, OutputSpec, StreamEncoder
 from rtts.audio.ffmpeg import AacStream
 from rtts.audio.stretch import TimeStretcher
 
@@ -62,7 +63,7 @@ class _FlacWriter:
     the length and checksum are known, so it says 0 (unknown) for both, as any streamed FLAC does."""
 
     def __init__(self, sample_rate: int) -> None:
-        self._file = _MemoryFile()
+        self._file = MemoryFile()
         self._sf = sf.SoundFile(self._file, mode="w", samplerate=sample_rate, channels=1, format="FLAC",
                                 subtype="PCM_16")
 
