@@ -58,6 +58,12 @@ class KernelSwitches:
     # tile, tokens through a ring; 128: fp8_gemm_wgmma, two warpgroups, tokens staged) for every token count,
     # instead of the planner's choice (64 above 16 tokens).
     gemm_rows: int | None = None
+    # RTTS_CODEC_POLYPHASE=0: the codec's dilated convs on a GPU run as cuDNN's dilated conv instead of an undilated
+    # conv over their phases (rtts/model/codec_conv.py).
+    codec_polyphase: bool = True
+    # RTTS_CODEC_FUSED=0: the codec's residual units on a GPU add their convs' biases as torch does, in passes of
+    # their own, instead of in the Snake and residual kernels.
+    codec_fused: bool = True
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> KernelSwitches:
@@ -73,6 +79,8 @@ class KernelSwitches:
             gemm_token_major=None if tm == "" else tm == "1",
             gemm_cluster=int(cluster) if cluster else None,
             gemm_rows=int(rows) if rows else None,
+            codec_polyphase=_choice(environ, "RTTS_CODEC_POLYPHASE", ("0", "1")) != "0",
+            codec_fused=_choice(environ, "RTTS_CODEC_FUSED", ("0", "1")) != "0",
         )
 
 

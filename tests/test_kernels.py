@@ -115,35 +115,6 @@ def test_reference_token_window() -> None:
     assert torch.equal(buf[0], before[0]) and torch.equal(buf[1], before[1])
 
 
-def test_reference_snake_is_the_codec_expression() -> None:
-    x, alpha = torch.randn(2, 5, 7), torch.rand(1, 5, 1) + 0.3
-    want = x + (alpha + 1e-9).reciprocal() * torch.sin(alpha * x).pow(2)
-    assert torch.equal(kernels.snake(x, alpha), want)  # CPU: the wrapper runs the reference
-    assert torch.equal(ref.snake(x, alpha.view(5)), want)
-
-
-def test_codec_snake_keeps_other_dtypes_on_the_torch_expression() -> None:
-    from rtts.model.codec_layers import Snake1d
-
-    m = Snake1d(5)
-    m.alpha.data.uniform_(0.3, 2.0)
-    x = torch.randn(2, 5, 7).to(torch.float64)
-    m64 = m.to(torch.float64)
-    with torch.no_grad():
-        assert torch.equal(m64(x), x + (m64.alpha + 1e-9).reciprocal() * torch.sin(m64.alpha * x).pow(2))
-
-
-def test_snake_checks() -> None:
-    with pytest.raises(ValueError, match="contiguous float32, bfloat16 or float16"):
-        kernels.snake(torch.randn(2, 5, 7).transpose(1, 2), torch.ones(7))
-    with pytest.raises(ValueError, match="contiguous float32, bfloat16 or float16"):
-        kernels.snake(torch.randn(5, 7), torch.ones(5))
-    with pytest.raises(ValueError, match="contiguous float32, bfloat16 or float16"):
-        kernels.snake(torch.randn(2, 5, 7, dtype=torch.float64), torch.ones(5))
-    with pytest.raises(ValueError, match="one per channel"):
-        kernels.snake(torch.randn(2, 5, 7), torch.ones(4))
-
-
 def test_strict_checks() -> None:
     with pytest.raises(ValueError, match="multiple of 128"):
         kernels.quantize_1x128(_x(2, 100))
@@ -758,47 +729,6 @@ def test_token_window_kernel() -> None:
     kernels.token_window_shift(buf, slots, new, active)
     ref.token_window_shift(rbuf, slots, new, active)
     assert torch.equal(buf, rbuf)
-
-
-@GPU
-@pytest.mark.parametrize("B,C,L", [(1, 1536, 32), (3, 96, 16384), (2, 7, 13), (64, 768, 257), (1, 1, 1)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_snake_kernel(B: int, C: int, L: int, dtype: torch.dtype) -> None:
-    g = torch.Generator().manual_seed(B * C + L)
-    x = (torch.randn(B, C, L, generator=g) * 3).to(dtype).cuda()
-    alpha = (torch.rand(C, generator=g) * 2 + 0.05).cuda()  # never zero; trained alphas sit around 0.1-3
-    y = kernels.snake(x, alpha)
-    want = ref.snake(x.float(), alpha)  # float32 math, as the kernel does it
-    assert y.dtype == dtype and y.shape == x.shape
-    if dtype == torch.float32:
-        torch.testing.assert_close(y, want, rtol=2e-6, atol=2e-6)
-    else:
-        torch.testing.assert_close(y.float(), want.to(dtype).float(), rtol=1e-2, atol=1e-2)
-        assert (y.float() != want.to(dtype).float()).float().mean() < 0.01  # one rounding of float32, nearly always
-    if L % 4 == 0:  # the scalar path on an unaligned view gives the same values
-        xs = torch.empty(B * C * L + 1, dtype=dtype, device="cuda")[1:].view(B, C, L)
-        xs.copy_(x)
-        assert torch.equal(kernels.snake(xs, alpha), y)
-
-
-@GPU
-def test_codec_decode_with_the_snake_kernel_matches_the_torch_expression() -> None:
-    from rtts.model.codec import CodecConfig, codec_from_state_dict, random_codec_state_dict
-
-    cfg = CodecConfig.release()
-    codec = codec_from_state_dict(random_codec_state_dict(cfg, seed=0), cfg, torch.device("cuda"), torch.float32)
-    codes = torch.randint(0, 1024, (2, cfg.num_codebooks, 6), device="cuda")
-    # true float32: under TF32 a last-bit change of a Snake output can flip the rounding of a convolution input
-    # (torch.backends.cuda.matmul is not an object monkeypatch can restore: saved and restored here)
-    tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        fast = codec.decode(codes)
-        with env.override_kernel_switches(reference_kernels=True):
-            slow = codec.decode(codes)
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-4)
 
 
 @GPU

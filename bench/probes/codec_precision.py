@@ -7,11 +7,10 @@ streaming decode is captured into CUDA graphs (engine/graphs/codec.CodecGraphRun
 one chunk of `--frames` frames is timed per batch; then 48 frames of fixed random codes for 4 streams, and the codes
 of 4 voice-like signals (harmonics on a wandering pitch, encoded by the float32 codec), are decoded in chunks of 8
 and compared with the first variant's (SNR in dB over the whole waveform).
-Variants (VARIANTS): precision (strict FP32, TF32 convolutions and/or matmuls, bfloat16 or float16 weights and
-state), the
-Snake activation as cuda/snake.cu or torch's expression, cuDNN autotuning. The first (strict FP32, torch's Snake) is
-what the server ran before the kernel. Also prints the top CUDA kernels of one eager chunk decode at the largest
-batch (torch.profiler) for the variant the server runs (SERVED) and for float16.
+Variants (VARIANTS): precision (strict FP32, TF32 convolutions, bfloat16 or float16 weights and state) and, in
+float16, the GPU rewrites of rtts/model/codec_conv.py (dilated convs by phases, conv biases in the kernels) on and
+off. Also prints the top CUDA kernels of one eager chunk decode at the largest batch (torch.profiler) for the variant
+the server runs (SERVED).
 Writes OUT/codec-precision-<gpu>-<date>.json and .md.
 """
 
@@ -39,24 +38,29 @@ class Variant:
     matmul_tf32: bool = False
     snake_kernel: bool = True  # cuda/snake.cu; False: torch's expression (the reference kernels while it runs)
     cudnn_benchmark: bool = False
+    phases: bool = True  # dilated convs as undilated convs over their phases (RTTS_CODEC_POLYPHASE)
+    fused: bool = True  # residual units' conv biases added by the Snake / residual kernels (RTTS_CODEC_FUSED)
 
     def apply(self) -> None:
         torch.backends.cudnn.allow_tf32 = self.conv_tf32
         torch.backends.cuda.matmul.allow_tf32 = self.matmul_tf32
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
-        env.change_kernel_switches(reference_kernels=not self.snake_kernel)
+        env.change_kernel_switches(reference_kernels=not self.snake_kernel, codec_polyphase=self.phases,
+                                   codec_fused=self.fused)
 
 
+# (Measured once and left out since: torch's Snake, TF32 matmuls, cudnn.benchmark; bench/results/codec/.)
 VARIANTS = {
-    "fp32, torch snake (the server before the kernel)": Variant(snake_kernel=False),
     "fp32": Variant(),
     "tf32 convolutions": Variant(conv_tf32=True),
-    "tf32 everywhere, cudnn.benchmark": Variant(conv_tf32=True, matmul_tf32=True, cudnn_benchmark=True),
     "bf16": Variant(dtype=torch.bfloat16, conv_tf32=True),
-    "fp16": Variant(dtype=torch.float16),
-    "fp16, cudnn.benchmark": Variant(dtype=torch.float16, cudnn_benchmark=True),
+    "fp16 as at 9e53161 (cuDNN's dilated convs, torch's bias adds)": Variant(dtype=torch.float16, phases=False,
+                                                                             fused=False),
+    "fp16, dilated convs by phases": Variant(dtype=torch.float16, fused=False),
+    "fp16, biases in the kernels": Variant(dtype=torch.float16, phases=False),
+    "fp16 (served: both)": Variant(dtype=torch.float16),
 }
-SERVED = "tf32 convolutions"  # what `rtts serve` ran before the float16 codec (the profile compares both)
+SERVED = "fp16 (served: both)"
 
 
 def random_codes(codec: Codec, b: int, t: int, seed: int) -> torch.Tensor:
@@ -202,7 +206,7 @@ def main() -> None:
                     + f" | {per_frame:.1f} | {r['snr_db']:.1f} | {r['snr_voiced_db']:.1f} |")
     tops: dict[str, list[tuple[str, float, int]]] = {}
     top_ops: dict[str, list[tuple[str, float, int]]] = {}
-    for name in (SERVED, "fp16"):  # where the time went before, and where it goes now
+    for name in (SERVED,):  # where the time goes now
         v = VARIANTS[name]
         v.apply()
         codec = base if v.dtype == torch.float32 else copy.deepcopy(base).to(v.dtype)  # (the variant's own weights)

@@ -11,7 +11,7 @@ This module is the API the model and engine use. The ops live by concern:
 - `attention.py`: split-KV decode attention and its planner;
 - `norm_rope.py`: RMSNorm (+ residual, + quantization) and QK-norm + RoPE + KV store;
 - `draw.py`: the sampling draw and the token window; `rng.py`: its counter-based noise;
-- `codec_ops.py`: the codec's Snake activation;
+- `codec_ops.py`: the codec's Snake activation (after an optional bias) and its residual unit's bias + skip add;
 - `common.py`: what the wrappers share; `_jit.py`: compiling and launching; `reference.py`: the torch references.
 """
 
@@ -21,7 +21,7 @@ import torch
 
 from rtts.kernels import _jit, attention, codec_ops, draw, gemm, norm_rope, quant
 from rtts.kernels.attention import decode_attention, decode_attention_fast
-from rtts.kernels.codec_ops import SNAKE_DTYPES, snake
+from rtts.kernels.codec_ops import SNAKE_DTYPES, bias_residual, fits_kernels, snake
 from rtts.kernels.draw import token_window_shift
 from rtts.kernels.gemm import (
     fp8_gemm,
@@ -37,9 +37,11 @@ from rtts.kernels.quant import dequantize_weight, quantize_1x128, swiglu_quantiz
 
 __all__ = [
     "SNAKE_DTYPES",
+    "bias_residual",
     "decode_attention",
     "decode_attention_fast",
     "dequantize_weight",
+    "fits_kernels",
     "fp8_gemm",
     "fp8_linear",
     "fp8_rows_dense",

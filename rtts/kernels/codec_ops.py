@@ -1,4 +1,5 @@
-"""The codec's elementwise ops as single kernels: Snake (cuda/snake.cu)."""
+"""The codec's elementwise ops as single kernels: Snake (cuda/snake.cu), optionally after the bias of the convolution
+before it, and the residual unit's bias + skip add (cuda/codec_residual.cu)."""
 
 from __future__ import annotations
 
@@ -7,33 +8,109 @@ import torch
 from rtts.kernels import _jit, reference
 from rtts.kernels.common import check, i32, use_cuda
 
-_SNAKE_TYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
-SNAKE_DTYPES = frozenset(_SNAKE_TYPES)  # what snake() takes (other dtypes: the caller's torch expression)
-_SNAKE_INSTANCES = tuple(f"snake<{t}, {v}>" for t in _SNAKE_TYPES.values() for v in (4, 1))
+_TYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_t"}
+SNAKE_DTYPES = frozenset(_TYPES)  # what the codec kernels take (other dtypes: the caller's torch expression)
+_SNAKE_INSTANCES = tuple(f"snake<{t}, {v}>" for t in _TYPES.values() for v in (4, 1))
+_RESIDUAL_INSTANCES = tuple(f"bias_residual<{t}, {v}>" for t in _TYPES.values() for v in (4, 1))
 
 
-def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-    """The codec's Snake activation in one pass (cuda/snake.cu): x [B, C, L] contiguous float32, bf16 or fp16, alpha [C]
-    (any float dtype; its float32 copy is what the kernel reads) -> x + sin(alpha x)^2 / (alpha + 1e-9)."""
-    check(x.dim() == 3 and x.is_contiguous() and x.dtype in _SNAKE_TYPES,
-          lambda: f"snake: want a contiguous float32, bfloat16 or float16 [B, C, L], got {x.dtype} {tuple(x.shape)} "
-                  f"(contiguous: {x.is_contiguous()})")
+def row_stride(x: torch.Tensor) -> int | None:
+    """The distance between the rows (one channel of one batch entry) of x [B, C, L] when every row is contiguous and
+    the rows are evenly spaced (a contiguous tensor, or a slice of one along L), else None: the layouts the codec
+    kernels read."""
+    if x.dim() != 3:
+        return None
     B, C, L = x.shape
-    check(alpha.numel() == C and alpha.is_floating_point(),
-          lambda: f"snake: alpha must hold {C} floats (one per channel), got {alpha.dtype} {tuple(alpha.shape)}")
-    if not use_cuda(x, alpha):
-        return reference.snake(x, alpha.reshape(C).to(x.dtype))
-    a = alpha.reshape(C).to(device=x.device, dtype=torch.float32).contiguous()
-    y = torch.empty_like(x)
-    n = x.numel()
+    if L > 1 and x.stride(2) != 1:
+        return None
+    row = x.stride(1) if C > 1 else (x.stride(0) if B > 1 else L)
+    if row < L or (B > 1 and x.stride(0) != C * row):
+        return None
+    return row
+
+
+def fits_kernels(x: torch.Tensor) -> bool:
+    """x can go to the codec kernels as it is: a float32 / bfloat16 / float16 [B, C, L] with evenly spaced rows."""
+    return x.dtype in _TYPES and row_stride(x) is not None
+
+
+def _per_channel(t: torch.Tensor | None, C: int, what: str) -> torch.Tensor | None:
+    if t is None:
+        return None
+    check(t.numel() == C and t.is_floating_point(),
+          lambda: f"{what} must hold {C} floats (one per channel), got {t.dtype} {tuple(t.shape)}")
+    return t.reshape(C)
+
+
+def _vec(L: int, row: int, *tensors: torch.Tensor) -> int:
+    aligned = all(t.data_ptr() % 16 == 0 for t in tensors)
+    return 4 if L % 4 == 0 and row % 4 == 0 and aligned else 1
+
+
+def _f32(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if t is None else t.to(device=device, dtype=torch.float32).contiguous()
+
+
+def snake(x: torch.Tensor, alpha: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The codec's Snake activation in one pass (cuda/snake.cu): x [B, C, L] float32, bf16 or fp16 with contiguous,
+    evenly spaced rows (`row_stride`), alpha [C] and optional bias [C] (any float dtype; the kernel reads their
+    float32 copies) -> snake(x + bias) = v + sin(alpha v)^2 / (alpha + 1e-9) with v = x + bias, contiguous."""
+    check(x.dtype in _TYPES and row_stride(x) is not None,
+          lambda: f"snake: want a float32, bfloat16 or float16 [B, C, L] with contiguous rows, got {x.dtype} "
+                  f"{tuple(x.shape)} strides {x.stride()}")
+    B, C, L = x.shape
+    a = _per_channel(alpha, C, "snake: alpha")
+    b = _per_channel(bias, C, "snake: bias")
+    assert a is not None
+    if not use_cuda(x, alpha, *(() if bias is None else (bias,))):
+        v = x if b is None else x + b.to(x.dtype).view(1, C, 1)
+        return reference.snake(v, a.to(x.dtype))
+    a32, b32 = _f32(a, x.device), _f32(b, x.device)
+    assert a32 is not None
+    y = torch.empty(B, C, L, dtype=x.dtype, device=x.device)
+    n = y.numel()
     if n == 0:
         return y
-    vec = 4 if L % 4 == 0 and x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0 else 1
-    fn = _jit.function("snake.cu", f"snake<{_SNAKE_TYPES[x.dtype]}, {vec}>", _SNAKE_INSTANCES)
-    _jit.launch(fn, (-(-n // (256 * vec)),), (256,), (x.data_ptr(), a.data_ptr(), y.data_ptr(), n, i32(C), i32(L)))
+    row = row_stride(x)
+    assert row is not None
+    vec = _vec(L, row, x, y)
+    fn = _jit.function("snake.cu", f"snake<{_TYPES[x.dtype]}, {vec}>", _SNAKE_INSTANCES)
+    _jit.launch(fn, (-(-n // (256 * vec)),), (256,),
+                (x.data_ptr(), a32.data_ptr(), 0 if b32 is None else b32.data_ptr(), y.data_ptr(), n, i32(C),
+                 i32(L), row))
     return y
+
+
+def bias_residual(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x + (y + bias) in one pass (cuda/codec_residual.cu): the residual unit's skip input x [B, C, L] (contiguous,
+    evenly spaced rows), its last convolution's output y [B, C, L] contiguous, run without its bias [C]; the result
+    is contiguous."""
+    check(x.dtype in _TYPES and row_stride(x) is not None and y.dtype == x.dtype and y.shape == x.shape
+          and y.is_contiguous(),
+          lambda: f"bias_residual: want x and y of one float32, bfloat16 or float16 [B, C, L] (x's rows contiguous, "
+                  f"y contiguous), got {x.dtype} {tuple(x.shape)} strides {x.stride()} and {y.dtype} "
+                  f"{tuple(y.shape)} strides {y.stride()}")
+    B, C, L = x.shape
+    b = _per_channel(bias, C, "bias_residual: bias")
+    if not use_cuda(x, y, *(() if bias is None else (bias,))):
+        return reference.bias_residual(x, y, None if b is None else b.to(x.dtype))
+    b32 = _f32(b, x.device)
+    out = torch.empty(B, C, L, dtype=x.dtype, device=x.device)
+    n = out.numel()
+    if n == 0:
+        return out
+    row = row_stride(x)
+    assert row is not None
+    vec = _vec(L, row, x, y, out)
+    fn = _jit.function("codec_residual.cu", f"bias_residual<{_TYPES[x.dtype]}, {vec}>", _RESIDUAL_INSTANCES)
+    _jit.launch(fn, (-(-n // (256 * vec)),), (256,),
+                (x.data_ptr(), y.data_ptr(), 0 if b32 is None else b32.data_ptr(), out.data_ptr(), n, i32(C), i32(L),
+                 row))
+    return out
 
 
 def warmup() -> None:
     for inst in _SNAKE_INSTANCES:
         _jit.function("snake.cu", inst, _SNAKE_INSTANCES)
+    for inst in _RESIDUAL_INSTANCES:
+        _jit.function("codec_residual.cu", inst, _RESIDUAL_INSTANCES)

@@ -230,3 +230,8 @@ def snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
     """The codec's Snake activation: x [B, C, L], alpha [C] -> x + sin(alpha x)^2 / (alpha + 1e-9), per channel."""
     a = alpha.view(1, -1, 1)
     return x + (a + 1e-9).reciprocal() * torch.sin(a * x).pow(2)
+
+
+def bias_residual(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The end of the codec's residual unit: x, y [B, C, L], bias [C] or None -> x + (y + bias)."""
+    return x + (y if bias is None else y + bias.view(1, -1, 1))

@@ -17,18 +17,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from rtts.model.codec_conv import CausalConv1d, CausalConvTranspose1d, ResidualUnit, Snake1d
 from rtts.model.codec_layers import (
-    CausalConv1d,
-    CausalConvTranspose1d,
     CodecTransformerConfig,
     ConvNeXtBlock,
     Decoder,
     DownsampleQuantizer,
     Encoder,
     LayerScale,
-    ResidualUnit,
     RMSNorm,
-    Snake1d,
     VectorQuantizer,
 )
 from rtts.model.codec_stream import CodecStreamState, decode_stream, new_stream_state

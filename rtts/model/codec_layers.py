@@ -4,31 +4,28 @@ Module and attribute names follow the release `codec.pth` key layout (`...block.
 `...layers.0.attention.wqkv.weight`), so a fused state dict loads with `load_state_dict(strict=True)`.
 Weight norm is fused at load time (`codec.py`): every conv here is a plain conv.
 
-Every module on the decode path has two entry points:
-- `forward(x)`: a whole sequence from time 0 (zero left context), as the reference decodes.
-- `step(x, tails)`: the next chunk of a stream. `tails` is a per-call list of context tensors (the last
-  input samples each causal conv has seen), indexed by the conv's `tail_id`; `step` reads its entry and
-  replaces it with the new context. `codec_stream.py` gathers/scatters these lists from the per-slot state.
-Both paths run the same convolutions on the same input samples, so a stream equals the whole decode up to
-float rounding of differently-shaped kernels.
+The convolutions, Snake and the residual unit, and how every decode-path module streams (`forward` / `step(x, tails)`),
+are in `codec_conv.py`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rtts import kernels
-from rtts.kernels import reference
+from rtts.model.codec_conv import (
+    CausalConv1d,
+    CausalConvTranspose1d,
+    ResidualUnit,
+    Snake1d,
+    Tails,
+    step_sequence,
+)
 from rtts.model.layers import FeedForward, RMSNorm
 from rtts.model.rope import apply_rope, rope_cos_sin
-
-# Per-call conv contexts, one entry per stateful conv of the decode path (see `tail_id`).
-Tails = list[torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -46,131 +43,8 @@ class CodecTransformerConfig:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Convolutions
+# Quantizer down/upsampler block
 # ---------------------------------------------------------------------------------------------------
-
-
-class CausalConv1d(nn.Module):
-    """Conv1d with causal padding: `(k-1)*d + 1 - stride` zeros on the left, and on the right only what
-    completes the last stride (docs/architecture.md: causal padding), so the output has `ceil(L / stride)` steps.
-
-    `weight_norm` records how the release file spells this conv's weight (parametrized g/v or plain).
-    """
-
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        kernel_size: int,
-        stride: int = 1,
-        dilation: int = 1,
-        groups: int = 1,
-        weight_norm: bool = True,
-    ) -> None:
-        super().__init__()
-        self.conv = nn.Conv1d(
-            in_channels, out_channels, kernel_size, stride=stride, dilation=dilation, groups=groups
-        )
-        self.stride = stride
-        self.context = (kernel_size - 1) * dilation + 1 - stride
-        self.weight_norm = weight_norm
-        self.tail_id = -1  # set by the codec for convs on the streamed decode path
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [B, C_in, L] -> [B, C_out, ceil(L / stride)]
-        extra = (-x.shape[-1]) % self.stride
-        return self.conv(F.pad(x, (self.context, extra)))
-
-    def step(self, x: torch.Tensor, tails: Tails) -> torch.Tensor:
-        # x: [B, C_in, t] -> [B, C_out, t]; tails[tail_id]: [B, C_in, context] (stride 1 only)
-        if self.context == 0:
-            return self.conv(x)
-        xx = torch.cat([tails[self.tail_id], x], dim=-1)
-        tails[self.tail_id] = xx[..., xx.shape[-1] - self.context :]
-        return self.conv(xx)
-
-
-class CausalConvTranspose1d(nn.Module):
-    """ConvTranspose1d whose output is trimmed by `k - stride` samples on the right (docs/architecture.md):
-    L input steps -> L * stride output samples, each output block depending on its own input step and the
-    `context` previous ones (k = 2s: one previous step).
-
-    Streaming keeps the previous input steps (not the overlapping output) and re-runs the transposed conv
-    over [previous, new]: the overlap-add then happens inside the same kernel with the same operands as in
-    the whole decode, which keeps the stream within float rounding of it.
-    """
-
-    def __init__(
-        self, in_channels: int, out_channels: int, kernel_size: int, stride: int, weight_norm: bool = True
-    ) -> None:
-        super().__init__()
-        self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=stride)
-        self.stride = stride
-        self.trim = kernel_size - stride
-        self.context = math.ceil(self.trim / stride)  # previous input steps that overlap the next block
-        self.weight_norm = weight_norm
-        self.tail_id = -1
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [B, C_in, L] -> [B, C_out, L * stride]
-        y = self.conv(x)
-        return y[..., : y.shape[-1] - self.trim]
-
-    def step(self, x: torch.Tensor, tails: Tails) -> torch.Tensor:
-        # x: [B, C_in, t] -> [B, C_out, t * stride]; tails[tail_id]: [B, C_in, context]
-        if self.context == 0:
-            return self.forward(x)
-        xx = torch.cat([tails[self.tail_id], x], dim=-1)
-        tails[self.tail_id] = xx[..., xx.shape[-1] - self.context :]
-        start = self.context * self.stride
-        return self.conv(xx)[..., start : start + x.shape[-1] * self.stride]
-
-
-class Snake1d(nn.Module):
-    """Snake activation `x + sin(alpha x)^2 / (alpha + 1e-9)`, alpha per channel."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.alpha = nn.Parameter(torch.ones(1, channels, 1))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [B, C, L]. Inference on a GPU takes the one-pass kernel (torch's five elementwise passes were ~40% of a
-        # streaming chunk decode); with autograd on, the torch expression, which it can differentiate.
-        if (x.dim() == 3 and x.dtype in kernels.SNAKE_DTYPES and x.is_contiguous()
-                and not (torch.is_grad_enabled() and (x.requires_grad or self.alpha.requires_grad))):
-            return kernels.snake(x, self.alpha)
-        return reference.snake(x, self.alpha.view(-1))
-
-
-def step_sequence(modules: nn.Sequential, x: torch.Tensor, tails: Tails) -> torch.Tensor:
-    """Run the streaming `step` of every module of a Sequential (stateless ones just run forward)."""
-    for module in modules:
-        if isinstance(module, nn.Sequential):
-            x = step_sequence(module, x, tails)
-        else:
-            step = getattr(module, "step", None)  # stateless modules (Snake, Tanh) have none
-            x = module(x) if step is None else step(x, tails)
-    return x
-
-
-class ResidualUnit(nn.Module):
-    """Snake -> causal conv k7 (dilation d) -> Snake -> conv k1, plus the input."""
-
-    def __init__(self, dim: int, dilation: int) -> None:
-        super().__init__()
-        self.block = nn.Sequential(
-            Snake1d(dim),
-            CausalConv1d(dim, dim, 7, dilation=dilation),
-            Snake1d(dim),
-            CausalConv1d(dim, dim, 1),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [B, C, L]; causal convs keep the length, so no cropping of the skip path is needed
-        return x + self.block(x)
-
-    def step(self, x: torch.Tensor, tails: Tails) -> torch.Tensor:
-        return x + step_sequence(self.block, x, tails)
 
 
 class ConvNeXtBlock(nn.Module):

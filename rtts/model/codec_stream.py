@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rtts.model.codec_layers import step_sequence
+from rtts.model.codec_conv import step_sequence
 
 if TYPE_CHECKING:
     from rtts.model.codec import Codec

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from rtts.model.codec import Codec, CodecConfig, codec_from_state_dict, codec_state_dict_keys, random_codec_state_dict
-from rtts.model.codec_layers import CausalConv1d, CausalConvTranspose1d, VectorQuantizer
+from rtts.model.codec_conv import CausalConv1d, CausalConvTranspose1d
+from rtts.model.codec_layers import VectorQuantizer
 
 _PARAM = (".parametrizations.weight.original0", ".parametrizations.weight.original1")
 _LEGACY = (".weight_g", ".weight_v")
