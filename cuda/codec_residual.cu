@@ -17,12 +17,14 @@ __global__ void __launch_bounds__(256) bias_residual(const T* __restrict__ x, co
     const i64 i = ((i64)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i >= n) return;
     i64 row, col;
+    int c;
     if (n <= 0xFFFFFFFFll) {  // 32-bit division where the tensor allows it
-        row = (unsigned)i / (unsigned)L; col = (unsigned)i - (unsigned)row * (unsigned)L;
+        const unsigned r = (unsigned)i / (unsigned)L;
+        row = r; col = (unsigned)i - r * (unsigned)L; c = (int)(r % (unsigned)C);
     } else {
-        row = i / L; col = i - row * L;
+        row = i / L; col = i - row * L; c = (int)(row % C);
     }
-    const float b = bias != nullptr ? bias[row % C] : 0.0f;
+    const float b = bias != nullptr ? bias[c] : 0.0f;
     float vx[VEC], vy[VEC];
     load_vec<VEC>(x + row * x_row + col, vx);
     load_vec<VEC>(y + i, vy);

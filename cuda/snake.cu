@@ -27,12 +27,13 @@ __global__ void __launch_bounds__(256) snake(const T* __restrict__ x, const floa
     if (i >= n) return;
     // (32-bit division where the tensor allows it: a 64-bit one is ~3x the instructions, per thread)
     i64 row, col;
+    int c;
     if (n <= 0xFFFFFFFFll) {
-        row = (unsigned)i / (unsigned)L; col = (unsigned)i - (unsigned)row * (unsigned)L;
+        const unsigned r = (unsigned)i / (unsigned)L;
+        row = r; col = (unsigned)i - r * (unsigned)L; c = (int)(r % (unsigned)C);
     } else {
-        row = i / L; col = i - row * L;
+        row = i / L; col = i - row * L; c = (int)(row % C);
     }
-    const int c = (int)(row % C);
     const float a = alpha[c];
     const float inv = 1.0f / (a + 1e-9f);  // torch: (alpha + 1e-9).reciprocal(), correctly rounded in both
     const float b = bias != nullptr ? bias[c] : 0.0f;
