@@ -77,13 +77,15 @@ def test_snake_with_bias_on_a_slice_is_the_expression_on_the_biased_copy() -> No
 @pytest.mark.parametrize("B,C,N,L,K,d", [(1, 5, 5, 31, 7, 3), (3, 2, 6, 19, 3, 2),
                                          (2, 4, 4, 6 * 9 + 1, 7, 9), (2, 3, 4, 70, 7, 9), (1, 1, 1, 13, 7, 1)])
 def test_conv_by_phases_is_the_dilated_conv(B: int, C: int, N: int, L: int, K: int, d: int) -> None:
+    from rtts.kernels.codec_ops import row_stride
     from rtts.model.codec_conv import conv1d_by_phases
 
     g = torch.Generator().manual_seed(L * d)
     x, w, b = torch.randn(B, C, L, generator=g), torch.randn(N, C, K, generator=g), torch.randn(N, generator=g)
     want = F.conv1d(x, w, b, dilation=d)
     got = conv1d_by_phases(x, w, b, d)
-    assert got.shape == want.shape
+    assert got.shape == want.shape and row_stride(got) is not None
+    assert N == 1 or got.stride(1) % 4 == 0  # rows the Snake kernel after reads 4 at a time
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(conv1d_by_phases(x, w, None, d), F.conv1d(x, w, None, dilation=d), rtol=1e-5, atol=1e-5)
 
@@ -163,6 +165,23 @@ def test_bias_residual_kernel(B: int, C: int, L: int, start: int, dtype: torch.d
     assert torch.equal(kernels.bias_residual(x, y, None), (x.float() + y.float()).to(dtype))
 
 
+@GPU
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_conv_by_phases_on_the_gpu(dtype: torch.dtype) -> None:
+    """The release decoder's worst dilated shape (64 streams, 384 channels, dilation 9) in the served precisions."""
+    from rtts.model.codec_conv import conv1d_by_phases
+
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(64, 384, 2102, generator=g).to(dtype).cuda()
+    w = (torch.randn(384, 384, 7, generator=g) / 50).to(dtype).cuda()
+    b = torch.randn(384, generator=g).to(dtype).cuda()
+    want = F.conv1d(x.float(), w.float(), b.float(), dilation=9)
+    got = conv1d_by_phases(x, w, b, 9).float()
+    plain = F.conv1d(x, w, b, dilation=9).float()
+    err, plain_err = (got - want).abs().max(), (plain - want).abs().max()
+    assert err <= 1.5 * plain_err + 1e-3, (err, plain_err)  # no worse than cuDNN's dilated conv in that precision
+
+
 def _codec(dtype: torch.dtype):  # type: ignore[no-untyped-def]
     from rtts.model.codec import CodecConfig, codec_from_state_dict, random_codec_state_dict
 
@@ -173,8 +192,9 @@ def _codec(dtype: torch.dtype):  # type: ignore[no-untyped-def]
 @GPU
 @pytest.mark.parametrize("fused,phases", [(True, True), (True, False), (False, True)])
 def test_codec_rewrites_match_torch(fused: bool, phases: bool) -> None:
-    """The whole decode and a stream of uneven chunks, with the biases in the kernels and/or the dilated convs by
-    phases, against the decode with neither (true float32: TF32 would round the two differently)."""
+    """The whole decode and a stream of uneven chunks, with the biases in the kernels (and the dilated-conv switch,
+    which acts in half precision only), against the decode with neither (true float32: TF32 would round the two
+    differently)."""
     codec, cfg = _codec(torch.float32)
     codes = torch.randint(0, 1024, (2, cfg.num_codebooks, 12), device="cuda")
     tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32

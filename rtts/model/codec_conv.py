@@ -9,10 +9,10 @@ Both paths run the same convolutions on the same input samples, so a stream equa
 float rounding of differently-shaped kernels.
 
 On a GPU, at inference, two rewrites keep the same math and cut passes over memory (bench/results/PERF.md):
-a dilated conv runs as an undilated one over its `dilation` interleaved phases (cuDNN's kernel choice for some
-dilated shapes runs without tensor cores, at ~12x the time of the same shape undilated), and a residual unit
-runs its convs without their biases, which the next Snake kernel and the closing residual kernel add in their
-single passes (torch adds a cuDNN conv's bias as a broadcast pass of its own). `RTTS_CODEC_POLYPHASE=0` /
+in half precision a dilated conv runs as an undilated one over its `dilation` interleaved phases (cuDNN's kernel
+choice for some dilated shapes runs without tensor cores, at ~12x the time of the same shape undilated), and a
+residual unit runs its convs without their biases, which the next Snake kernel and the closing residual kernel add in
+their single passes (torch adds a cuDNN conv's bias as a broadcast pass of its own). `RTTS_CODEC_POLYPHASE=0` /
 `RTTS_CODEC_FUSED=0` turn them off for comparison.
 """
 
@@ -29,6 +29,9 @@ from rtts.kernels import reference
 
 # Per-call conv contexts, one entry per stateful conv of the decode path (see `tail_id`).
 Tails = list[torch.Tensor]
+# Where running dilated convs by phases was measured faster (bench/results/PERF.md); in strict float32 cuDNN's
+# kernels for the phase shapes were 7x slower at 64 streams.
+_PHASED_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def conv1d_by_phases(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation: int) -> torch.Tensor:
@@ -40,6 +43,8 @@ def conv1d_by_phases(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     K, d = weight.shape[-1], dilation
     out_len = L - (K - 1) * d
     J = -(-L // d)  # samples per phase, x padded on the right to J * d (the padding reaches only cut outputs)
+    while (J - K + 1) * d % 4:  # rows of the result 4-aligned: the Snake kernel after reads them 4 at a time
+        J += 1
     if J * d != L:
         x = F.pad(x, (0, J * d - L))
     phases = x.view(B, C, J, d).permute(0, 3, 1, 2).reshape(B * d, C, J)
@@ -85,7 +90,7 @@ class CausalConv1d(nn.Module):
         """The conv over x as given (its context already in front); `bias=False` leaves the bias to the caller."""
         c = self.conv
         b = c.bias if bias else None
-        if (c.dilation[0] > 1 and c.groups == 1 and self.stride == 1 and x.is_cuda
+        if (c.dilation[0] > 1 and c.groups == 1 and self.stride == 1 and x.is_cuda and x.dtype in _PHASED_DTYPES
                 and env.kernel_switches().codec_polyphase):
             return conv1d_by_phases(x, c.weight, b, c.dilation[0])
         return F.conv1d(x, c.weight, b, c.stride, 0, c.dilation, c.groups)
