@@ -13,10 +13,9 @@
 #               back: model.safetensors, codec.pth, small.tar (config, tokenizer files, README, logs)
 #               carry: train/bundle train/work/h200/codec, or train/work/h200/tokens(.gz) instead of train/bundle
 #   call3 OUT   more DualAR steps (new optimizer, lower peak LR) from this machine's last export, else from the
-#               carried train/work/h200/ckpt -> export. Carry as call2, plus, of train/work/h200/ckpt when the
-#               machine is fresh, model.safetensors config.json tokenizer.json tokenizer_config.json
-#               special_tokens_map.json (its codec.pth is codec/codec.pth; train/unpack.sh call2 also gzips the
-#               codes into tokens.gz: those fit the 64 MiB a call takes, the plain codes do not)
+#               carried train/work/h200/ckpt, else from the packaged voice (rtts/demo_voice) -> export. On a fresh
+#               machine carry only train/bundle: it speaks and encodes with the packaged voice's codec first (the
+#               tree, the bundle and a carried checkpoint and codec would pass the 64 MiB a call takes)
 #
 # Measured on the H200 (bench/results/demo_voice/): data 676x real time on 16 cores (24,000 sentences, 22.7 h, in
 # 121 s; all 52,311 ~4.5 min); codec 0.14 s per step of 48 x 2 s; tokens 17 s per 24,000; DualAR 0.29-0.44 s per step.
@@ -45,7 +44,11 @@ speak() {  # the flite data: the preset's sentences (all 52,311 for h200), or SE
     ${SENTENCES:+--count "$SENTENCES"} 2>&1 | tee "$OUT/data.log"
   [ -f $W/data/meta.json ] || exit 1
 }
-encode() {  # speak, then the codes of every utterance (and of the held-out ones) with the trained codec
+encode() {  # speak, then the codes of every utterance (and of the held-out ones) with the trained codec: the carried
+  # train/work/<preset>/codec, else the packaged voice's (its DualAR was trained on that codec's codes)
+  if [ ! -f $W/codec/codec.pth ] && [ "$PRESET" = h200 ]; then
+    mkdir -p $W/codec && cp rtts/demo_voice/codec.pth rtts/demo_voice/codec_config.json $W/codec/
+  fi
   speak && python3 -m rtts.train tokens --preset "$PRESET" 2>&1 | tee "$OUT/tokens.log"
 }
 case $CALL in
@@ -72,7 +75,9 @@ case $CALL in
     init=(); lr=()
     if [ "$CALL" = call3 ]; then
       from=$W/ckpt; [ -f $W/export/model.safetensors ] && from=$W/export  # this machine's last export, when warm
-      # (read before training starts; this call's export replaces it only at the end)
+      # (read before training starts; this call's export replaces it only at the end), else the carried checkpoint,
+      # else the packaged voice (a fresh machine: the repository's copy travels anyway, a carried one would not fit)
+      [ -f $from/model.safetensors ] || { [ "$PRESET" = h200 ] && from=rtts/demo_voice; }
       init=(--init-weights $from); lr=(--lr "${LR:-4e-4}"); rm -f $W/dualar_state.*
     fi
     python3 -m rtts.train dualar --preset "$PRESET" "${init[@]}" "${lr[@]}" --minutes "$(minutes_left 40)" 2>&1 \
