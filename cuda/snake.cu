@@ -43,3 +43,53 @@ __global__ void __launch_bounds__(256) snake(const T* __restrict__ x, const floa
     for (int j = 0; j < VEC; ++j) v[j] = snake_value(v[j] + b, a, inv);
     store_vec<VEC>(y + i, v);
 }
+
+// The same activation between a dilated convolution's input and output in phase layout (rtts/model/codec_conv.py
+// runs a dilation-d conv as an undilated conv over the d interleaved phases of its input): position q of a [B, C, *]
+// signal lives at [b * d + q % d, c, q / d] of a [B * d, C, J] tensor. One element per thread, in the order of the
+// tensor written, so writes coalesce and reads stride (L2 catches the reuse). These replace three full copies (the
+// causal context's concatenation, the right padding, the permute into phases) before the conv and one (the permute
+// back) after it.
+
+// y (phase layout [B * d, C, J]) at positions y0 .. y0 + L - 1 <- snake(x + bias), x [B, C, L] with rows x_row apart.
+// n = B * d * C * J; threads on other positions (the context before y0, the padding after) write nothing.
+template <typename T>
+__global__ void __launch_bounds__(256) snake_to_phases(const T* __restrict__ x, const float* __restrict__ alpha,
+                                                       const float* __restrict__ bias, T* __restrict__ y, i64 n,
+                                                       int C, int L, i64 x_row, int d, int J, int y0) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const i64 r = i / J;  // (b * d + p) * C + c
+    const int j = (int)(i - r * J), c = (int)(r % C);
+    const i64 bp = r / C;
+    const int p = (int)(bp % d);
+    const i64 b = bp / d;
+    const int t = j * d + p - y0;
+    if (t < 0 || t >= L) return;
+    const float a = alpha[c];
+    const float inv = 1.0f / (a + 1e-9f);
+    const float bb = bias != nullptr ? bias[c] : 0.0f;
+    float v[1];
+    load_vec<1>(x + (b * C + c) * x_row + t, v);
+    v[0] = snake_value(v[0] + bb, a, inv);
+    store_vec<1>(y + i, v);
+}
+
+// y [B, C, L] contiguous <- snake(x + bias) of x in phase layout [B * d, C, J] (positions 0 .. L - 1). n = B * C * L.
+template <typename T>
+__global__ void __launch_bounds__(256) snake_from_phases(const T* __restrict__ x, const float* __restrict__ alpha,
+                                                         const float* __restrict__ bias, T* __restrict__ y, i64 n,
+                                                         int C, int L, int d, int J) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const i64 r = i / L;  // b * C + c
+    const int t = (int)(i - r * L), c = (int)(r % C);
+    const i64 b = r / C;
+    const float a = alpha[c];
+    const float inv = 1.0f / (a + 1e-9f);
+    const float bb = bias != nullptr ? bias[c] : 0.0f;
+    float v[1];
+    load_vec<1>(x + ((b * d + t % d) * C + c) * J + t / d, v);
+    v[0] = snake_value(v[0] + bb, a, inv);
+    store_vec<1>(y + i, v);
+}

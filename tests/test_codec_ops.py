@@ -90,6 +90,50 @@ def test_conv_by_phases_is_the_dilated_conv(B: int, C: int, N: int, L: int, K: i
     torch.testing.assert_close(conv1d_by_phases(x, w, None, d), F.conv1d(x, w, None, dilation=d), rtol=1e-5, atol=1e-5)
 
 
+def test_snake_into_and_from_phases_are_the_layout() -> None:
+    g = torch.Generator().manual_seed(5)
+    B, C, L, d, J, start = 2, 3, 11, 3, 7, 6
+    x, alpha, bias = torch.randn(B, C, L, generator=g), torch.rand(C, generator=g) + 0.3, torch.randn(C, generator=g)
+    phases = torch.full((B * d, C, J), 7.0)
+    kernels.snake_into_phases(x, alpha, bias, phases, start)
+    signal = phases.view(B, d, C, J).permute(0, 2, 3, 1).reshape(B, C, J * d)  # position q = j * d + p
+    assert torch.equal(signal[..., start : start + L], ref.snake(x + bias.view(1, C, 1), alpha))
+    assert (signal[..., :start] == 7).all() and (signal[..., start + L :] == 7).all()  # the rest untouched
+    back = kernels.snake_from_phases(phases, alpha, None, B, start + L)
+    assert back.shape == (B, C, start + L) and torch.equal(back, ref.snake(signal[..., : start + L], alpha))
+    with pytest.raises(ValueError, match="past"):
+        kernels.snake_into_phases(x, alpha, None, phases, J * d - L + 1)
+
+
+@pytest.mark.parametrize("dilation", [3, 9])
+def test_residual_unit_through_phases_is_the_unit(dilation: int) -> None:
+    """The GPU path's arithmetic (its kernels run as their references here): the whole sequence and a stream of
+    uneven chunks, with the context carried in `tails`, against the plain unit."""
+    from rtts.model.codec_conv import ResidualUnit
+
+    torch.manual_seed(dilation)
+    unit = ResidualUnit(4, dilation)
+    for p in unit.parameters():
+        p.data.normal_(0, 0.3)
+    conv7 = unit.block[1]
+    conv7.tail_id = 0
+    x = torch.randn(2, 4, 40)
+    with torch.no_grad():
+        plain = unit(x)
+        torch.testing.assert_close(unit._through_phases(x, None), plain, rtol=1e-5, atol=1e-5)
+        tails = [torch.zeros(2, 4, conv7.context)]
+        plain_tails = [torch.zeros(2, 4, conv7.context)]
+        got, want, start = [], [], 0
+        for size in (1, 7, 13, 19):
+            chunk = x[..., start : start + size]
+            got.append(unit._through_phases(chunk, tails))
+            want.append(unit.step(chunk, plain_tails))
+            start += size
+            torch.testing.assert_close(tails[0], plain_tails[0], rtol=0, atol=0)
+    torch.testing.assert_close(torch.cat(got, -1), torch.cat(want, -1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.cat(got, -1), plain, rtol=1e-5, atol=1e-5)
+
+
 @GPU
 @pytest.mark.parametrize("B,C,L", [(1, 1536, 32), (3, 96, 16384), (2, 7, 13), (64, 768, 257), (1, 1, 1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -180,6 +224,25 @@ def test_conv_by_phases_on_the_gpu(dtype: torch.dtype) -> None:
     plain = F.conv1d(x, w, b, dilation=9).float()
     err, plain_err = (got - want).abs().max(), (plain - want).abs().max()
     assert err <= 1.5 * plain_err + 1e-3, (err, plain_err)  # no worse than cuDNN's dilated conv in that precision
+
+
+@GPU
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("B,C,L,d,start", [(2, 3, 11, 3, 6), (64, 384, 2048, 9, 54), (3, 96, 17, 3, 18)])
+def test_phase_kernels(dtype: torch.dtype, B: int, C: int, L: int, d: int, start: int) -> None:
+    g = torch.Generator().manual_seed(L + d)
+    J = -(-(start + L) // d) + 1
+    full = (torch.randn(B, C, L + 5, generator=g) * 3).to(dtype)
+    x, alpha, bias = full[..., 2 : 2 + L], torch.rand(C, generator=g) + 0.1, torch.randn(C, generator=g)
+    want = torch.full((B * d, C, J), 7.0)
+    kernels.snake_into_phases(x.float(), alpha, bias, want, start)  # CPU: the reference, in float32 as the kernel
+    got = torch.full((B * d, C, J), 7.0, dtype=dtype, device="cuda")
+    kernels.snake_into_phases(x.cuda(), alpha.cuda(), bias.cuda(), got, start)
+    tol = {"rtol": 2e-6, "atol": 2e-6} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}  # one rounding
+    torch.testing.assert_close(got.cpu().float(), want, **tol)
+    back = kernels.snake_from_phases(got, alpha.cuda(), bias.cuda(), B, start + L)
+    back_want = kernels.snake_from_phases(got.cpu().float(), alpha, bias, B, start + L)
+    torch.testing.assert_close(back.cpu().float(), back_want, **tol)
 
 
 def _codec(dtype: torch.dtype):  # type: ignore[no-untyped-def]

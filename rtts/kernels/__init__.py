@@ -21,7 +21,14 @@ import torch
 
 from rtts.kernels import _jit, attention, codec_ops, draw, gemm, norm_rope, quant
 from rtts.kernels.attention import decode_attention, decode_attention_fast
-from rtts.kernels.codec_ops import SNAKE_DTYPES, bias_residual, fits_kernels, snake
+from rtts.kernels.codec_ops import (
+    SNAKE_DTYPES,
+    bias_residual,
+    fits_kernels,
+    snake,
+    snake_from_phases,
+    snake_into_phases,
+)
 from rtts.kernels.draw import token_window_shift
 from rtts.kernels.gemm import (
     fp8_gemm,
@@ -52,6 +59,8 @@ __all__ = [
     "quantize_1x128",
     "reserve_graph_scratch",
     "snake",
+    "snake_from_phases",
+    "snake_into_phases",
     "swiglu_quantize",
     "token_window_shift",
     "warmup",

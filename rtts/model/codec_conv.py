@@ -12,7 +12,9 @@ On a GPU, at inference, two rewrites keep the same math and cut passes over memo
 in half precision a dilated conv runs as an undilated one over its `dilation` interleaved phases (cuDNN's kernel
 choice for some dilated shapes runs without tensor cores, at ~12x the time of the same shape undilated), and a
 residual unit runs its convs without their biases, which the next Snake kernel and the closing residual kernel add in
-their single passes (torch adds a cuDNN conv's bias as a broadcast pass of its own). `RTTS_CODEC_POLYPHASE=0` /
+their single passes (torch adds a cuDNN conv's bias as a broadcast pass of its own). With both, a dilated unit's
+Snakes write and read the phase layout in place (`ResidualUnit._through_phases`), so the conv's context, padding and
+phase permutes cost no copies. `RTTS_CODEC_POLYPHASE=0` /
 `RTTS_CODEC_FUSED=0` turn them off for comparison.
 """
 
@@ -188,6 +190,35 @@ class ResidualUnit(nn.Module):
         return (x.is_cuda and kernels.fits_kernels(x) and env.kernel_switches().codec_fused
                 and _inference(x, self))
 
+    def _phased(self, x: torch.Tensor) -> bool:
+        conv7 = self.block[1]
+        assert isinstance(conv7, CausalConv1d)
+        return conv7.conv.dilation[0] > 1 and x.dtype in _PHASED_DTYPES and env.kernel_switches().codec_polyphase
+
+    def _through_phases(self, x: torch.Tensor, tails: Tails | None) -> torch.Tensor:
+        # `_biases_in_kernels` with the dilated conv over phases that the Snakes write and read in place: no
+        # concatenation with the context, no padding, no permutes (each a full copy).
+        snake1, conv7, snake2, conv1 = self.block
+        assert isinstance(snake1, Snake1d) and isinstance(snake2, Snake1d)
+        assert isinstance(conv7, CausalConv1d) and isinstance(conv1, CausalConv1d)
+        B, C, L = x.shape
+        d, ctx = conv7.conv.dilation[0], conv7.context  # ctx = (K - 1) * d: whole phase columns
+        K = conv7.conv.kernel_size[0]
+        J = -(-(ctx + L) // d)
+        phases = x.new_empty(B * d, C, J)
+        by_phase = phases.view(B, d, C, J)
+        by_phase[..., J - 1].zero_()  # the padding past the last position (what it holds reaches only cut outputs)
+        tail = tails[conv7.tail_id] if tails is not None else x.new_zeros(B, C, ctx)
+        by_phase[..., : ctx // d] = tail.reshape(B, C, ctx // d, d).permute(0, 3, 1, 2)
+        kernels.snake_into_phases(x, snake1.alpha, None, phases, ctx)
+        if tails is not None:  # the next chunk's context: the last ctx positions, back in [B, C, ctx]
+            q = torch.arange(L, ctx + L, device=x.device)
+            tails[conv7.tail_id] = by_phase[:, q % d, :, q // d].permute(1, 2, 0)
+        y = F.conv1d(phases, conv7.conv.weight, None)  # [B * d, C, J - K + 1]: position t = p + d * j
+        h = kernels.snake_from_phases(y, snake2.alpha, conv7.conv.bias, B, L)
+        assert (J - K + 1) * d >= L
+        return kernels.bias_residual(x, conv1.run(h, bias=False), conv1.conv.bias)
+
     def _biases_in_kernels(self, x: torch.Tensor, tails: Tails | None) -> torch.Tensor:
         # The same unit with each conv's bias added by the pass after it: Snake(x + b7), x + (conv1 + b1).
         snake1, conv7, snake2, conv1 = self.block
@@ -201,10 +232,10 @@ class ResidualUnit(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [B, C, L]; causal convs keep the length, so no cropping of the skip path is needed
         if self._fused(x):
-            return self._biases_in_kernels(x, None)
+            return self._through_phases(x, None) if self._phased(x) else self._biases_in_kernels(x, None)
         return x + self.block(x)
 
     def step(self, x: torch.Tensor, tails: Tails) -> torch.Tensor:
         if self._fused(x):
-            return self._biases_in_kernels(x, tails)
+            return self._through_phases(x, tails) if self._phased(x) else self._biases_in_kernels(x, tails)
         return x + step_sequence(self.block, x, tails)
