@@ -59,11 +59,15 @@ __global__ void __launch_bounds__(256) snake_to_phases(const T* __restrict__ x, 
                                                        int C, int L, i64 x_row, int d, int J, int y0) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const i64 r = i / J;  // (b * d + p) * C + c
-    const int j = (int)(i - r * J), c = (int)(r % C);
-    const i64 bp = r / C;
-    const int p = (int)(bp % d);
-    const i64 b = bp / d;
+    i64 b;
+    int j, c, p;
+    if (n <= 0xFFFFFFFFll) {  // 32-bit divisions where the tensor allows it
+        const unsigned u = (unsigned)i, r = u / (unsigned)J, bp = r / (unsigned)C;  // r = (b * d + p) * C + c
+        j = (int)(u - r * (unsigned)J); c = (int)(r - bp * (unsigned)C); p = (int)(bp % (unsigned)d); b = bp / (unsigned)d;
+    } else {
+        const i64 r = i / J, bp = r / C;
+        j = (int)(i - r * J); c = (int)(r - bp * C); p = (int)(bp % d); b = bp / d;
+    }
     const int t = j * d + p - y0;
     if (t < 0 || t >= L) return;
     const float a = alpha[c];
@@ -82,14 +86,20 @@ __global__ void __launch_bounds__(256) snake_from_phases(const T* __restrict__ x
                                                          int C, int L, int d, int J) {
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const i64 r = i / L;  // b * C + c
-    const int t = (int)(i - r * L), c = (int)(r % C);
-    const i64 b = r / C;
+    i64 b;
+    int t, c;
+    if (n <= 0xFFFFFFFFll) {  // 32-bit divisions where the tensor allows it
+        const unsigned u = (unsigned)i, r = u / (unsigned)L;  // r = b * C + c
+        t = (int)(u - r * (unsigned)L); b = r / (unsigned)C; c = (int)(r - (unsigned)b * (unsigned)C);
+    } else {
+        const i64 r = i / L;
+        t = (int)(i - r * L); b = r / C; c = (int)(r - b * C);
+    }
     const float a = alpha[c];
     const float inv = 1.0f / (a + 1e-9f);
     const float bb = bias != nullptr ? bias[c] : 0.0f;
     float v[1];
-    load_vec<1>(x + ((b * d + t % d) * C + c) * J + t / d, v);
+    load_vec<1>(x + ((b * d + (unsigned)t % (unsigned)d) * C + c) * J + (unsigned)t / (unsigned)d, v);
     v[0] = snake_value(v[0] + bb, a, inv);
     store_vec<1>(y + i, v);
 }

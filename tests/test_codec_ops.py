@@ -237,12 +237,42 @@ def test_phase_kernels(dtype: torch.dtype, B: int, C: int, L: int, d: int, start
     want = torch.full((B * d, C, J), 7.0)
     kernels.snake_into_phases(x.float(), alpha, bias, want, start)  # CPU: the reference, in float32 as the kernel
     got = torch.full((B * d, C, J), 7.0, dtype=dtype, device="cuda")
-    kernels.snake_into_phases(x.cuda(), alpha.cuda(), bias.cuda(), got, start)
+    kernels.snake_into_phases(full.cuda()[..., 2 : 2 + L], alpha.cuda(), bias.cuda(), got, start)  # rows L + 5 apart
     tol = {"rtol": 2e-6, "atol": 2e-6} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}  # one rounding
     torch.testing.assert_close(got.cpu().float(), want, **tol)
     back = kernels.snake_from_phases(got, alpha.cuda(), bias.cuda(), B, start + L)
     back_want = kernels.snake_from_phases(got.cpu().float(), alpha, bias, B, start + L)
     torch.testing.assert_close(back.cpu().float(), back_want, **tol)
+
+
+@GPU
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dilation", [3, 9])
+def test_streamed_unit_through_phases_on_the_gpu(dtype: torch.dtype, dilation: int) -> None:
+    """The served path: a half-precision dilated unit streamed in uneven chunks (one shorter than its context) through
+    the phase kernels, against the same unit with the phases by copies (`_biases_in_kernels`), chunk by chunk."""
+    from rtts.model.codec_conv import ResidualUnit
+
+    torch.manual_seed(dilation)
+    unit = ResidualUnit(96, dilation).cuda().to(dtype)
+    for p in unit.parameters():
+        p.data.normal_(0, 0.2)
+    conv7 = unit.block[1]
+    conv7.tail_id = 0
+    x = torch.randn(4, 96, 300, device="cuda").to(dtype)
+    tails = [torch.zeros(4, 96, conv7.context, device="cuda", dtype=dtype)]
+    ref_tails = [t.clone() for t in tails]
+    start = 0
+    with torch.no_grad():
+        for size in (5, 64, 31, 200):
+            chunk = x[..., start : start + size]
+            got = unit._through_phases(chunk, tails)
+            want = unit._biases_in_kernels(chunk, ref_tails)
+            torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+            assert torch.equal(tails[0], ref_tails[0])  # the context carried is the same Snake output
+            start += size
+        whole = unit._through_phases(x, None)
+        torch.testing.assert_close(whole.float(), unit._biases_in_kernels(x, None).float(), rtol=2e-2, atol=2e-2)
 
 
 def _codec(dtype: torch.dtype):  # type: ignore[no-untyped-def]

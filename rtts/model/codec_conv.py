@@ -207,9 +207,12 @@ class ResidualUnit(nn.Module):
         J = -(-(ctx + L) // d)
         phases = x.new_empty(B * d, C, J)
         by_phase = phases.view(B, d, C, J)
-        by_phase[..., J - 1].zero_()  # the padding past the last position (what it holds reaches only cut outputs)
-        tail = tails[conv7.tail_id] if tails is not None else x.new_zeros(B, C, ctx)
-        by_phase[..., : ctx // d] = tail.reshape(B, C, ctx // d, d).permute(0, 3, 1, 2)
+        if (ctx + L) % d:  # padding past the last position: it reaches only cut outputs, but must not be NaN
+            by_phase[..., J - 1].zero_()
+        if tails is None:  # the whole sequence: zeros before it
+            by_phase[..., : ctx // d].zero_()
+        else:
+            by_phase[..., : ctx // d] = tails[conv7.tail_id].reshape(B, C, ctx // d, d).permute(0, 3, 1, 2)
         kernels.snake_into_phases(x, snake1.alpha, None, phases, ctx)
         if tails is not None:  # the next chunk's context: the last ctx positions, back in [B, C, ctx]
             q = torch.arange(L, ctx + L, device=x.device)
