@@ -44,62 +44,69 @@ __global__ void __launch_bounds__(256) snake(const T* __restrict__ x, const floa
     store_vec<VEC>(y + i, v);
 }
 
-// The same activation between a dilated convolution's input and output in phase layout (rtts/model/codec_conv.py
-// runs a dilation-d conv as an undilated conv over the d interleaved phases of its input): position q of a [B, C, *]
-// signal lives at [b * d + q % d, c, q / d] of a [B * d, C, J] tensor. One element per thread, in the order of the
-// tensor written, so writes coalesce and reads stride (L2 catches the reuse). These replace three full copies (the
-// causal context's concatenation, the right padding, the permute into phases) before the conv and one (the permute
-// back) after it.
+// The same activation between a dilated convolution's input and output in phase layout, channels last (rtts/model/
+// codec_conv.py runs a dilation-d conv as an undilated conv over the d interleaved phases of its input, in cuDNN's
+// native NHWC layout): position q of a [B, C, *] signal lives at [b * d + q % d, q / d, c] of a [B * d, J, C] tensor.
+// These replace, around each such conv, the causal context's concatenation, the right padding, the permutes into and
+// out of phases and cuDNN's NCHW <-> NHWC transposes (each a full pass over the activations). The layout change is a
+// transpose, so both kernels go through a shared-memory tile of TILE positions x TILE channels: reads and writes
+// both coalesce. Block (TILE, ROWS); grid (ceil(L / TILE), ceil(C / TILE), B).
+constexpr int TILE = 32, ROWS = 8;
 
-// y (phase layout [B * d, C, J]) at positions y0 .. y0 + L - 1 <- snake(x + bias), x [B, C, L] with rows x_row apart.
-// n = B * d * C * J; threads on other positions (the context before y0, the padding after) write nothing.
+// y (phase layout [B * d, J, C]) at positions y0 .. y0 + L - 1 <- snake(x + bias), x [B, C, L] with rows x_row apart;
+// other positions keep what they hold.
 template <typename T>
-__global__ void __launch_bounds__(256) snake_to_phases(const T* __restrict__ x, const float* __restrict__ alpha,
-                                                       const float* __restrict__ bias, T* __restrict__ y, i64 n,
-                                                       int C, int L, i64 x_row, int d, int J, int y0) {
-    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    i64 b;
-    int j, c, p;
-    if (n <= 0xFFFFFFFFll) {  // 32-bit divisions where the tensor allows it
-        const unsigned u = (unsigned)i, r = u / (unsigned)J, bp = r / (unsigned)C;  // r = (b * d + p) * C + c
-        j = (int)(u - r * (unsigned)J); c = (int)(r - bp * (unsigned)C); p = (int)(bp % (unsigned)d); b = bp / (unsigned)d;
-    } else {
-        const i64 r = i / J, bp = r / C;
-        j = (int)(i - r * J); c = (int)(r - bp * C); p = (int)(bp % d); b = bp / d;
+__global__ void __launch_bounds__(TILE * ROWS) snake_to_phases(const T* __restrict__ x, const float* __restrict__ alpha,
+                                                                const float* __restrict__ bias, T* __restrict__ y,
+                                                                int C, int L, i64 x_row, int d, int J, int y0) {
+    __shared__ float tile[TILE][TILE + 1];  // [channel][position]
+    const int t0 = blockIdx.x * TILE, c0 = blockIdx.y * TILE;
+    const i64 b = blockIdx.z;
+    for (int k = threadIdx.y; k < TILE; k += ROWS) {  // read along positions
+        const int c = c0 + k, t = t0 + threadIdx.x;
+        if (c < C && t < L) {
+            const float a = alpha[c];
+            float v[1];
+            load_vec<1>(x + (b * C + c) * x_row + t, v);
+            tile[k][threadIdx.x] = snake_value(v[0] + (bias != nullptr ? bias[c] : 0.0f), a, 1.0f / (a + 1e-9f));
+        }
     }
-    const int t = j * d + p - y0;
-    if (t < 0 || t >= L) return;
-    const float a = alpha[c];
-    const float inv = 1.0f / (a + 1e-9f);
-    const float bb = bias != nullptr ? bias[c] : 0.0f;
-    float v[1];
-    load_vec<1>(x + (b * C + c) * x_row + t, v);
-    v[0] = snake_value(v[0] + bb, a, inv);
-    store_vec<1>(y + i, v);
+    __syncthreads();
+    for (int k = threadIdx.y; k < TILE; k += ROWS) {  // write along channels
+        const int t = t0 + k, c = c0 + threadIdx.x;
+        if (c < C && t < L) {
+            const unsigned q = (unsigned)(y0 + t);
+            float v[1] = {tile[threadIdx.x][k]};
+            store_vec<1>(y + ((b * d + q % (unsigned)d) * J + q / (unsigned)d) * C + c, v);
+        }
+    }
 }
 
-// y [B, C, L] contiguous <- snake(x + bias) of x in phase layout [B * d, C, J] (positions 0 .. L - 1). n = B * C * L.
+// y [B, C, L] contiguous <- snake(x + bias) of the signal x holds in phase layout [B * d, J, C], positions 0 .. L - 1.
 template <typename T>
-__global__ void __launch_bounds__(256) snake_from_phases(const T* __restrict__ x, const float* __restrict__ alpha,
-                                                         const float* __restrict__ bias, T* __restrict__ y, i64 n,
-                                                         int C, int L, int d, int J) {
-    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    i64 b;
-    int t, c;
-    if (n <= 0xFFFFFFFFll) {  // 32-bit divisions where the tensor allows it
-        const unsigned u = (unsigned)i, r = u / (unsigned)L;  // r = b * C + c
-        t = (int)(u - r * (unsigned)L); b = r / (unsigned)C; c = (int)(r - (unsigned)b * (unsigned)C);
-    } else {
-        const i64 r = i / L;
-        t = (int)(i - r * L); b = r / C; c = (int)(r - b * C);
+__global__ void __launch_bounds__(TILE * ROWS) snake_from_phases(const T* __restrict__ x,
+                                                                  const float* __restrict__ alpha,
+                                                                  const float* __restrict__ bias, T* __restrict__ y,
+                                                                  int C, int L, int d, int J) {
+    __shared__ float tile[TILE][TILE + 1];  // [position][channel]
+    const int t0 = blockIdx.x * TILE, c0 = blockIdx.y * TILE;
+    const i64 b = blockIdx.z;
+    for (int k = threadIdx.y; k < TILE; k += ROWS) {  // read along channels
+        const int t = t0 + k, c = c0 + threadIdx.x;
+        if (c < C && t < L) {
+            float v[1];
+            load_vec<1>(x + ((b * d + (unsigned)t % (unsigned)d) * J + (unsigned)t / (unsigned)d) * C + c, v);
+            tile[k][threadIdx.x] = v[0];
+        }
     }
-    const float a = alpha[c];
-    const float inv = 1.0f / (a + 1e-9f);
-    const float bb = bias != nullptr ? bias[c] : 0.0f;
-    float v[1];
-    load_vec<1>(x + ((b * d + (unsigned)t % (unsigned)d) * C + c) * J + (unsigned)t / (unsigned)d, v);
-    v[0] = snake_value(v[0] + bb, a, inv);
-    store_vec<1>(y + i, v);
+    __syncthreads();
+    for (int k = threadIdx.y; k < TILE; k += ROWS) {  // write along positions
+        const int c = c0 + k, t = t0 + threadIdx.x;
+        if (c < C && t < L) {
+            const float a = alpha[c];
+            float v[1] = {snake_value(tile[threadIdx.x][k] + (bias != nullptr ? bias[c] : 0.0f), a,
+                                      1.0f / (a + 1e-9f))};
+            store_vec<1>(y + (b * C + c) * (i64)L + t, v);
+        }
+    }
 }

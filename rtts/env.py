@@ -58,8 +58,8 @@ class KernelSwitches:
     # tile, tokens through a ring; 128: fp8_gemm_wgmma, two warpgroups, tokens staged) for every token count,
     # instead of the planner's choice (64 above 16 tokens).
     gemm_rows: int | None = None
-    # RTTS_CODEC_POLYPHASE=0: the codec's dilated convs on a GPU run as cuDNN's dilated conv instead of an undilated
-    # conv over their phases (rtts/model/codec_conv.py).
+    # RTTS_CODEC_POLYPHASE=0: the codec's residual-unit convs on a GPU run as cuDNN's (dilated) conv on channels-first
+    # tensors instead of an undilated conv over their phases, channels last (rtts/model/codec_conv.py).
     codec_polyphase: bool = True
     # RTTS_CODEC_FUSED=0: the codec's residual units on a GPU add their convs' biases as torch does, in passes of
     # their own, instead of in the Snake and residual kernels.

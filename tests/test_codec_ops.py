@@ -94,9 +94,9 @@ def test_snake_into_and_from_phases_are_the_layout() -> None:
     g = torch.Generator().manual_seed(5)
     B, C, L, d, J, start = 2, 3, 11, 3, 7, 6
     x, alpha, bias = torch.randn(B, C, L, generator=g), torch.rand(C, generator=g) + 0.3, torch.randn(C, generator=g)
-    phases = torch.full((B * d, C, J), 7.0)
+    phases = torch.full((B * d, J, C), 7.0)
     kernels.snake_into_phases(x, alpha, bias, phases, start)
-    signal = phases.view(B, d, C, J).permute(0, 2, 3, 1).reshape(B, C, J * d)  # position q = j * d + p
+    signal = phases.view(B, d, J, C).permute(0, 3, 2, 1).reshape(B, C, J * d)  # position q = j * d + p
     assert torch.equal(signal[..., start : start + L], ref.snake(x + bias.view(1, C, 1), alpha))
     assert (signal[..., :start] == 7).all() and (signal[..., start + L :] == 7).all()  # the rest untouched
     back = kernels.snake_from_phases(phases, alpha, None, B, start + L)
@@ -105,7 +105,7 @@ def test_snake_into_and_from_phases_are_the_layout() -> None:
         kernels.snake_into_phases(x, alpha, None, phases, J * d - L + 1)
 
 
-@pytest.mark.parametrize("dilation", [3, 9])
+@pytest.mark.parametrize("dilation", [1, 3, 9])
 def test_residual_unit_through_phases_is_the_unit(dilation: int) -> None:
     """The GPU path's arithmetic (its kernels run as their references here): the whole sequence and a stream of
     uneven chunks, with the context carried in `tails`, against the plain unit."""
@@ -228,15 +228,16 @@ def test_conv_by_phases_on_the_gpu(dtype: torch.dtype) -> None:
 
 @GPU
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("B,C,L,d,start", [(2, 3, 11, 3, 6), (64, 384, 2048, 9, 54), (3, 96, 17, 3, 18)])
+@pytest.mark.parametrize("B,C,L,d,start", [(2, 3, 11, 3, 6), (64, 384, 2048, 9, 54), (3, 96, 17, 3, 18),
+                                           (2, 40, 70, 1, 6)])
 def test_phase_kernels(dtype: torch.dtype, B: int, C: int, L: int, d: int, start: int) -> None:
     g = torch.Generator().manual_seed(L + d)
     J = -(-(start + L) // d) + 1
     full = (torch.randn(B, C, L + 5, generator=g) * 3).to(dtype)
     x, alpha, bias = full[..., 2 : 2 + L], torch.rand(C, generator=g) + 0.1, torch.randn(C, generator=g)
-    want = torch.full((B * d, C, J), 7.0)
+    want = torch.full((B * d, J, C), 7.0)
     kernels.snake_into_phases(x.float(), alpha, bias, want, start)  # CPU: the reference, in float32 as the kernel
-    got = torch.full((B * d, C, J), 7.0, dtype=dtype, device="cuda")
+    got = torch.full((B * d, J, C), 7.0, dtype=dtype, device="cuda")
     kernels.snake_into_phases(full.cuda()[..., 2 : 2 + L], alpha.cuda(), bias.cuda(), got, start)  # rows L + 5 apart
     tol = {"rtol": 2e-6, "atol": 2e-6} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}  # one rounding
     torch.testing.assert_close(got.cpu().float(), want, **tol)
@@ -247,7 +248,7 @@ def test_phase_kernels(dtype: torch.dtype, B: int, C: int, L: int, d: int, start
 
 @GPU
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("dilation", [3, 9])
+@pytest.mark.parametrize("dilation", [1, 3, 9])
 def test_streamed_unit_through_phases_on_the_gpu(dtype: torch.dtype, dilation: int) -> None:
     """The served path: a half-precision dilated unit streamed in uneven chunks (one shorter than its context) through
     the phase kernels, against the same unit with the phases by copies (`_biases_in_kernels`), chunk by chunk."""

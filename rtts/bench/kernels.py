@@ -360,6 +360,32 @@ def bench_bias_residual(B: int, C: int, L: int) -> dict[str, float]:
     return out
 
 
+def bench_phases(B: int, C: int, L: int, d: int = 9) -> dict[str, float]:
+    """Snake into a dilated conv's phase layout (channels last) and out of it, float16 [B, C, L] (cuda/snake.cu
+    snake_to_phases / snake_from_phases), against the torch passes they replace: Snake and a layout transpose."""
+    n = copies_for(2 * B * C * L)
+    xs = [torch.randn(B, C, L, device="cuda", dtype=torch.float16) for _ in range(n)]
+    alpha, bias = torch.rand(C, device="cuda") + 0.1, torch.randn(C, device="cuda")
+    J = -(-(L + 6 * d) // d)
+    phases = [torch.zeros(B * d, J, C, device="cuda", dtype=torch.float16) for _ in range(n)]
+
+    def into(i: int) -> torch.Tensor:
+        kernels.snake_into_phases(xs[i % n], alpha, bias, phases[i % n], 6 * d)
+        return phases[i % n]
+
+    def out_of(i: int) -> torch.Tensor:
+        return kernels.snake_from_phases(phases[i % n], alpha, bias, B, L)
+
+    def torch_ops(i: int) -> torch.Tensor:
+        return ref.snake(xs[i % n], alpha.half()).transpose(1, 2).contiguous()
+
+    out = {k: 1e6 * time_graph(graph_calls(f, 2 * n))
+           for k, f in (("into_us", into), ("from_us", out_of), ("torch_us", torch_ops))}
+    for k in ("into", "from"):
+        out[f"{k}_TBps"] = 4 * B * C * L / (out[f"{k}_us"] * 1e-6) / 1e12  # 2 bytes read + 2 written per element
+    return out
+
+
 def copy_bandwidth() -> dict[str, float]:
     """Bytes read + written per second by a 1 GiB device copy, two ways: the memcpy node (copy engines inside a graph)
     and an SM kernel (elementwise negate). The larger is the practical HBM ceiling the attention is held to."""
@@ -482,6 +508,18 @@ def main(argv: list[str] | None = None) -> None:
             codec.append({"B": B, "C": C, "L": L, **r})  # its keys (residual_us) tell it from the Snake rows
             rows.append(f"| {B} | {C}x{L} | {r['residual_us']:.1f} | {r['residual_TBps']:.2f} | {r['torch_us']:.1f} "
                         f"| {r['torch_us'] / r['residual_us']:.1f}x |")
+            print(rows[-1], flush=True)
+    rows += ["", "## Codec phase layout (float16 [streams, channels, 8 frames x samples per frame] into / out of a "
+             "dilation-9 conv's phases, channels last, with Snake: kernels vs torch's Snake + a transpose)", "",
+             "| streams | channels x length | into us | TB/s | out of us | TB/s | torch us |",
+             "|---|---|---|---|---|---|---|"]
+    for B in (16, 64) if "codec" in sections else ():
+        for C, per_frame in CODEC_SNAKES[1:]:
+            L = 8 * per_frame
+            r = bench_phases(B, C, L)
+            codec.append({"B": B, "C": C, "L": L, **r})
+            rows.append(f"| {B} | {C}x{L} | {r['into_us']:.1f} | {r['into_TBps']:.2f} | {r['from_us']:.1f} "
+                        f"| {r['from_TBps']:.2f} | {r['torch_us']:.1f} |")
             print(rows[-1], flush=True)
     machine = environment()
     machine["nvrtc"] = _jit.nvrtc_version()

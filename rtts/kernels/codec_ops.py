@@ -3,7 +3,8 @@ before it, also into and out of a dilated convolution's phase layout, and the re
 (cuda/codec_residual.cu).
 
 Phase layout (rtts/model/codec_conv.py: a dilation-d conv as an undilated conv over the d interleaved phases of its
-input): position q of a [B, C, *] signal lives at [b * d + q % d, c, q // d] of a [B * d, C, J] tensor."""
+input, channels last as cuDNN's tensor-core kernels read them): position q of a [B, C, *] signal lives at
+[b * d + q % d, q // d, c] of a [B * d, J, C] tensor."""
 
 from __future__ import annotations
 
@@ -88,23 +89,31 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, bias: torch.Tensor | None = None
 
 
 def _phase_view(phases: torch.Tensor, B: int, d: int) -> torch.Tensor:
-    """[B * d, C, J] -> [B, d, C, J]: phase p of batch entry b at [b, p]."""
+    """[B * d, J, C] -> [B, d, J, C]: phase p of batch entry b at [b, p]."""
     return phases.view(B, d, *phases.shape[1:])
+
+
+_TILE, _ROWS = 32, 8  # cuda/snake.cu TILE, ROWS
+
+
+def _tiles(L: int, C: int, B: int) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    return (-(-L // _TILE), -(-C // _TILE), B), (_TILE, _ROWS)
 
 
 def snake_into_phases(x: torch.Tensor, alpha: torch.Tensor, bias: torch.Tensor | None, phases: torch.Tensor,
                       start: int) -> None:
-    """phases [B * d, C, J] (phase layout, contiguous) at positions start .. start + L - 1 <- snake(x + bias), x
-    [B, C, L] with evenly spaced contiguous rows; the other positions keep what they hold (cuda/snake.cu,
-    snake_to_phases)."""
+    """phases [B * d, J, C] (phase layout, channels last, contiguous) at positions start .. start + L - 1 <-
+    snake(x + bias), x [B, C, L] with evenly spaced contiguous rows; the other positions keep what they hold
+    (cuda/snake.cu, snake_to_phases)."""
     rows = row_stride(x)
     check(x.dtype in _TYPES and rows is not None and phases.dtype == x.dtype and phases.dim() == 3
-          and phases.is_contiguous() and phases.shape[0] % max(1, x.shape[0]) == 0 and phases.shape[1] == x.shape[1],
-          lambda: f"snake_into_phases: want x [B, C, L] with contiguous rows and phases [B * d, C, J] contiguous, of "
+          and phases.is_contiguous() and x.shape[0] > 0 and phases.shape[0] % x.shape[0] == 0
+          and phases.shape[2] == x.shape[1],
+          lambda: f"snake_into_phases: want x [B, C, L] with contiguous rows and phases [B * d, J, C] contiguous, of "
                   f"one float32, bfloat16 or float16; got {x.dtype} {tuple(x.shape)} strides {x.stride()} and "
                   f"{phases.dtype} {tuple(phases.shape)}")
     B, C, L = x.shape
-    d, J = phases.shape[0] // max(1, B), phases.shape[2]
+    d, J = phases.shape[0] // B, phases.shape[1]
     check(0 <= start and start + L <= d * J, lambda: f"snake_into_phases: positions {start}..{start + L} past {d * J}")
     a = _per_channel(alpha, C, "snake_into_phases: alpha")
     b = _per_channel(bias, C, "snake_into_phases: bias")
@@ -112,45 +121,44 @@ def snake_into_phases(x: torch.Tensor, alpha: torch.Tensor, bias: torch.Tensor |
     if not use_cuda(x, alpha, phases, *(() if bias is None else (bias,))):
         v = x if b is None else x + b.to(x.dtype).view(1, C, 1)
         q = torch.arange(start, start + L, device=x.device)
-        _phase_view(phases, B, d)[:, q % d, :, q // d] = reference.snake(v, a.to(x.dtype)).permute(2, 0, 1)
+        _phase_view(phases, B, d)[:, q % d, q // d] = reference.snake(v, a.to(x.dtype)).transpose(1, 2)
         return
     a32, b32 = _f32(a, x.device), _f32(b, x.device)
     assert a32 is not None and rows is not None
-    n = phases.numel()
-    if n == 0 or L == 0:
+    if L == 0 or C == 0:
         return
     fn = _jit.function("snake.cu", f"snake_to_phases<{_TYPES[x.dtype]}>", _SNAKE_INSTANCES)
-    _jit.launch(fn, (-(-n // 256),), (256,),
-                (x.data_ptr(), a32.data_ptr(), 0 if b32 is None else b32.data_ptr(), phases.data_ptr(), n, i32(C),
+    _jit.launch(fn, *_tiles(L, C, B),
+                (x.data_ptr(), a32.data_ptr(), 0 if b32 is None else b32.data_ptr(), phases.data_ptr(), i32(C),
                  i32(L), rows, i32(d), i32(J), i32(start)))
 
 
 def snake_from_phases(phases: torch.Tensor, alpha: torch.Tensor, bias: torch.Tensor | None, batch: int,
                       length: int) -> torch.Tensor:
-    """snake(x + bias) of the signal x held in phase layout by phases [batch * d, C, J] (a phased conv's output), at
-    positions 0 .. length - 1 -> [batch, C, length] contiguous (cuda/snake.cu, snake_from_phases)."""
+    """snake(x + bias) of the signal x held in phase layout by phases [batch * d, J, C] (channels last, contiguous: a
+    phased conv's output), at positions 0 .. length - 1 -> [batch, C, length] contiguous (cuda/snake.cu,
+    snake_from_phases)."""
     check(phases.dtype in _TYPES and phases.dim() == 3 and phases.is_contiguous() and batch > 0
-          and phases.shape[0] % batch == 0 and 0 <= length <= phases.shape[0] // batch * phases.shape[2],
-          lambda: f"snake_from_phases: want phases [batch * d, C, J] contiguous float32, bfloat16 or float16 holding "
+          and phases.shape[0] % batch == 0 and 0 <= length <= phases.shape[0] // batch * phases.shape[1],
+          lambda: f"snake_from_phases: want phases [batch * d, J, C] contiguous float32, bfloat16 or float16 holding "
                   f"{length} positions for batch {batch}, got {phases.dtype} {tuple(phases.shape)}")
-    d, C, J = phases.shape[0] // batch, phases.shape[1], phases.shape[2]
+    d, J, C = phases.shape[0] // batch, phases.shape[1], phases.shape[2]
     a = _per_channel(alpha, C, "snake_from_phases: alpha")
     b = _per_channel(bias, C, "snake_from_phases: bias")
     assert a is not None
     if not use_cuda(phases, alpha, *(() if bias is None else (bias,))):
-        v = _phase_view(phases, batch, d).permute(0, 2, 3, 1).reshape(batch, C, J * d)[..., :length]
+        v = _phase_view(phases, batch, d).permute(0, 3, 2, 1).reshape(batch, C, J * d)[..., :length]
         if b is not None:
             v = v + b.to(v.dtype).view(1, C, 1)
         return reference.snake(v, a.to(v.dtype))
     a32, b32 = _f32(a, phases.device), _f32(b, phases.device)
     assert a32 is not None
     y = torch.empty(batch, C, length, dtype=phases.dtype, device=phases.device)
-    n = y.numel()
-    if n == 0:
+    if y.numel() == 0:
         return y
     fn = _jit.function("snake.cu", f"snake_from_phases<{_TYPES[phases.dtype]}>", _SNAKE_INSTANCES)
-    _jit.launch(fn, (-(-n // 256),), (256,),
-                (phases.data_ptr(), a32.data_ptr(), 0 if b32 is None else b32.data_ptr(), y.data_ptr(), n, i32(C),
+    _jit.launch(fn, *_tiles(length, C, batch),
+                (phases.data_ptr(), a32.data_ptr(), 0 if b32 is None else b32.data_ptr(), y.data_ptr(), i32(C),
                  i32(length), i32(d), i32(J)))
     return y
 

@@ -12,10 +12,10 @@ On a GPU, at inference, two rewrites keep the same math and cut passes over memo
 in half precision a dilated conv runs as an undilated one over its `dilation` interleaved phases (cuDNN's kernel
 choice for some dilated shapes runs without tensor cores, at ~12x the time of the same shape undilated), and a
 residual unit runs its convs without their biases, which the next Snake kernel and the closing residual kernel add in
-their single passes (torch adds a cuDNN conv's bias as a broadcast pass of its own). With both, a dilated unit's
-Snakes write and read the phase layout in place (`ResidualUnit._through_phases`), so the conv's context, padding and
-phase permutes cost no copies. `RTTS_CODEC_POLYPHASE=0` /
-`RTTS_CODEC_FUSED=0` turn them off for comparison.
+their single passes (torch adds a cuDNN conv's bias as a broadcast pass of its own). With both, a unit's Snakes write
+and read its k7 conv's input and output in phase layout, channels last, in place (`ResidualUnit._through_phases`): the
+conv's context, padding, phase permutes and cuDNN's layout transposes cost no passes of their own.
+`RTTS_CODEC_POLYPHASE=0` / `RTTS_CODEC_FUSED=0` turn them off for comparison.
 """
 
 from __future__ import annotations
@@ -191,13 +191,12 @@ class ResidualUnit(nn.Module):
                 and _inference(x, self))
 
     def _phased(self, x: torch.Tensor) -> bool:
-        conv7 = self.block[1]
-        assert isinstance(conv7, CausalConv1d)
-        return conv7.conv.dilation[0] > 1 and x.dtype in _PHASED_DTYPES and env.kernel_switches().codec_polyphase
+        return x.dtype in _PHASED_DTYPES and env.kernel_switches().codec_polyphase
 
     def _through_phases(self, x: torch.Tensor, tails: Tails | None) -> torch.Tensor:
-        # `_biases_in_kernels` with the dilated conv over phases that the Snakes write and read in place: no
-        # concatenation with the context, no padding, no permutes (each a full copy).
+        # `_biases_in_kernels` with the k7 conv (dilation d, 1 included) over d phases, channels last, that the Snakes
+        # write and read in place: no concatenation with the context, no padding, no permutes and none of cuDNN's
+        # NCHW <-> NHWC transposes (each a full pass over the activations).
         snake1, conv7, snake2, conv1 = self.block
         assert isinstance(snake1, Snake1d) and isinstance(snake2, Snake1d)
         assert isinstance(conv7, CausalConv1d) and isinstance(conv1, CausalConv1d)
@@ -205,20 +204,21 @@ class ResidualUnit(nn.Module):
         d, ctx = conv7.conv.dilation[0], conv7.context  # ctx = (K - 1) * d: whole phase columns
         K = conv7.conv.kernel_size[0]
         J = -(-(ctx + L) // d)
-        phases = x.new_empty(B * d, C, J)
-        by_phase = phases.view(B, d, C, J)
+        phases = x.new_empty(B * d, J, C)
+        by_phase = phases.view(B, d, J, C)
         if (ctx + L) % d:  # padding past the last position: it reaches only cut outputs, but must not be NaN
-            by_phase[..., J - 1].zero_()
+            by_phase[:, :, J - 1].zero_()
         if tails is None:  # the whole sequence: zeros before it
-            by_phase[..., : ctx // d].zero_()
+            by_phase[:, :, : ctx // d].zero_()
         else:
-            by_phase[..., : ctx // d] = tails[conv7.tail_id].reshape(B, C, ctx // d, d).permute(0, 3, 1, 2)
+            by_phase[:, :, : ctx // d] = tails[conv7.tail_id].reshape(B, C, ctx // d, d).permute(0, 3, 2, 1)
         kernels.snake_into_phases(x, snake1.alpha, None, phases, ctx)
         if tails is not None:  # the next chunk's context: the last ctx positions, back in [B, C, ctx]
             q = torch.arange(L, ctx + L, device=x.device)
-            tails[conv7.tail_id] = by_phase[:, q % d, :, q // d].permute(1, 2, 0)
-        y = F.conv1d(phases, conv7.conv.weight, None)  # [B * d, C, J - K + 1]: position t = p + d * j
-        h = kernels.snake_from_phases(y, snake2.alpha, conv7.conv.bias, B, L)
+            tails[conv7.tail_id] = by_phase[:, q % d, q // d].transpose(1, 2)
+        w = conv7.conv.weight.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # [C, C, 1, K], KRSC
+        y = F.conv2d(phases.transpose(1, 2).unsqueeze(2), w)  # NHWC [B * d, C, 1, J - K + 1]: position p + d * j
+        h = kernels.snake_from_phases(y.squeeze(2).transpose(1, 2).contiguous(), snake2.alpha, conv7.conv.bias, B, L)
         assert (J - K + 1) * d >= L
         return kernels.bias_residual(x, conv1.run(h, bias=False), conv1.conv.bias)
 
