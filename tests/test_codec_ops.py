@@ -105,6 +105,18 @@ def test_snake_into_and_from_phases_are_the_layout() -> None:
         kernels.snake_into_phases(x, alpha, None, phases, J * d - L + 1)
 
 
+def test_channels_last_weight_is_made_once_per_weight_version() -> None:
+    from rtts.model.codec_conv import CausalConv1d
+
+    conv = CausalConv1d(4, 4, 7, dilation=3)
+    w = conv.channels_last_weight()
+    assert w.shape == (4, 4, 1, 7) and w.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(w[:, :, 0], conv.conv.weight) and conv.channels_last_weight() is w
+    with torch.no_grad():
+        conv.conv.weight.mul_(2)  # a new version (as load_state_dict makes)
+    assert torch.equal(conv.channels_last_weight()[:, :, 0], conv.conv.weight)
+
+
 @pytest.mark.parametrize("dilation", [1, 3, 9])
 def test_residual_unit_through_phases_is_the_unit(dilation: int) -> None:
     """The GPU path's arithmetic (its kernels run as their references here): the whole sequence and a stream of

@@ -106,8 +106,10 @@ def snake_into_phases(x: torch.Tensor, alpha: torch.Tensor, bias: torch.Tensor |
     snake(x + bias), x [B, C, L] with evenly spaced contiguous rows; the other positions keep what they hold
     (cuda/snake.cu, snake_to_phases)."""
     rows = row_stride(x)
+    if x.dim() == 3 and x.shape[0] == 0:
+        return
     check(x.dtype in _TYPES and rows is not None and phases.dtype == x.dtype and phases.dim() == 3
-          and phases.is_contiguous() and x.shape[0] > 0 and phases.shape[0] % x.shape[0] == 0
+          and phases.is_contiguous() and phases.shape[0] % x.shape[0] == 0
           and phases.shape[2] == x.shape[1],
           lambda: f"snake_into_phases: want x [B, C, L] with contiguous rows and phases [B * d, J, C] contiguous, of "
                   f"one float32, bfloat16 or float16; got {x.dtype} {tuple(x.shape)} strides {x.stride()} and "

@@ -87,6 +87,16 @@ class CausalConv1d(nn.Module):
         self.context = (kernel_size - 1) * dilation + 1 - stride
         self.weight_norm = weight_norm
         self.tail_id = -1  # set by the codec for convs on the streamed decode path
+        self._cl_weight: tuple[tuple[int, int, torch.dtype, torch.device], torch.Tensor] | None = None
+
+    def channels_last_weight(self) -> torch.Tensor:
+        """The weight as a channels-last [out, in, 1, K] tensor for the phased conv, made once per weight version
+        (a copy per call would be one more kernel in every captured decode)."""
+        w = self.conv.weight
+        key = (w.data_ptr(), w._version, w.dtype, w.device)
+        if self._cl_weight is None or self._cl_weight[0] != key:
+            self._cl_weight = key, w.detach().unsqueeze(2).contiguous(memory_format=torch.channels_last)
+        return self._cl_weight[1]
 
     def run(self, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
         """The conv over x as given (its context already in front); `bias=False` leaves the bias to the caller."""
@@ -216,8 +226,8 @@ class ResidualUnit(nn.Module):
         if tails is not None:  # the next chunk's context: the last ctx positions, back in [B, C, ctx]
             q = torch.arange(L, ctx + L, device=x.device)
             tails[conv7.tail_id] = by_phase[:, q % d, q // d].transpose(1, 2)
-        w = conv7.conv.weight.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # [C, C, 1, K], KRSC
-        y = F.conv2d(phases.transpose(1, 2).unsqueeze(2), w)  # NHWC [B * d, C, 1, J - K + 1]: position p + d * j
+        # NHWC [B * d, C, 1, J - K + 1]: position p + d * j
+        y = F.conv2d(phases.transpose(1, 2).unsqueeze(2), conv7.channels_last_weight())
         h = kernels.snake_from_phases(y.squeeze(2).transpose(1, 2).contiguous(), snake2.alpha, conv7.conv.bias, B, L)
         assert (J - K + 1) * d >= L
         return kernels.bias_residual(x, conv1.run(h, bias=False), conv1.conv.bias)
