@@ -58,12 +58,16 @@ class KernelSwitches:
     # tile, tokens through a ring; 128: fp8_gemm_wgmma, two warpgroups, tokens staged) for every token count,
     # instead of the planner's choice (64 above 16 tokens).
     gemm_rows: int | None = None
-    # RTTS_CODEC_POLYPHASE=0: the codec's residual-unit convs on a GPU run as cuDNN's (dilated) conv on channels-first
-    # tensors instead of an undilated conv over their phases, channels last (rtts/model/codec_conv.py).
+    # RTTS_CODEC_POLYPHASE=0: the codec's dilated convs on a GPU run as cuDNN's dilated conv instead of an undilated
+    # conv over their phases (rtts/model/codec_conv.py).
     codec_polyphase: bool = True
     # RTTS_CODEC_FUSED=0: the codec's residual units on a GPU add their convs' biases as torch does, in passes of
     # their own, instead of in the Snake and residual kernels.
     codec_fused: bool = True
+    # RTTS_CODEC_CHANNELS_LAST=1: with both of the above, a residual unit's k7 conv runs channels last over its
+    # phases, written and read in place by the tiled Snake kernels (ResidualUnit._through_phases). Off until its GPU
+    # tests and measurement have run (bench/results/PERF.md).
+    codec_channels_last: bool = False
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> KernelSwitches:
@@ -81,6 +85,7 @@ class KernelSwitches:
             gemm_rows=int(rows) if rows else None,
             codec_polyphase=_choice(environ, "RTTS_CODEC_POLYPHASE", ("0", "1")) != "0",
             codec_fused=_choice(environ, "RTTS_CODEC_FUSED", ("0", "1")) != "0",
+            codec_channels_last=_choice(environ, "RTTS_CODEC_CHANNELS_LAST", ("0", "1")) == "1",
         )
 
 

@@ -40,13 +40,14 @@ class Variant:
     cudnn_benchmark: bool = False
     phases: bool = True  # dilated convs as undilated convs over their phases (RTTS_CODEC_POLYPHASE)
     fused: bool = True  # residual units' conv biases added by the Snake / residual kernels (RTTS_CODEC_FUSED)
+    channels_last: bool = False  # residual units' k7 convs channels last over phases (RTTS_CODEC_CHANNELS_LAST)
 
     def apply(self) -> None:
         torch.backends.cudnn.allow_tf32 = self.conv_tf32
         torch.backends.cuda.matmul.allow_tf32 = self.matmul_tf32
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
         env.change_kernel_switches(reference_kernels=not self.snake_kernel, codec_polyphase=self.phases,
-                                   codec_fused=self.fused)
+                                   codec_fused=self.fused, codec_channels_last=self.channels_last)
 
 
 # (Measured once and left out since: torch's Snake, TF32 matmuls, cudnn.benchmark; bench/results/codec/.)
@@ -59,8 +60,10 @@ VARIANTS = {
     "fp16, dilated convs by phases": Variant(dtype=torch.float16, fused=False),
     "fp16, biases in the kernels": Variant(dtype=torch.float16, phases=False),
     "fp16 (served: both)": Variant(dtype=torch.float16),
+    "fp16, both + channels-last phases in place": Variant(dtype=torch.float16, channels_last=True),
 }
 SERVED = "fp16 (served: both)"
+PROFILED = (SERVED, "fp16, both + channels-last phases in place")
 
 
 def random_codes(codec: Codec, b: int, t: int, seed: int) -> torch.Tensor:
@@ -206,7 +209,7 @@ def main() -> None:
                     + f" | {per_frame:.1f} | {r['snr_db']:.1f} | {r['snr_voiced_db']:.1f} |")
     tops: dict[str, list[tuple[str, float, int]]] = {}
     top_ops: dict[str, list[tuple[str, float, int]]] = {}
-    for name in (SERVED,):  # where the time goes now
+    for name in PROFILED:  # where the time goes now, and with the opt-in layout
         v = VARIANTS[name]
         v.apply()
         codec = base if v.dtype == torch.float32 else copy.deepcopy(base).to(v.dtype)  # (the variant's own weights)
