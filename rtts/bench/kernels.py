@@ -13,6 +13,7 @@ import functools
 import math
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -386,6 +387,18 @@ def bench_phases(B: int, C: int, L: int, d: int = 9) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class CodecTable:
+    """One table of the codec section: a kernel's bench over the release decoder's chunk shapes."""
+
+    title: str
+    header: str
+    batches: tuple[int, ...]
+    shapes: list[tuple[int, int]]  # (channels, samples per frame)
+    bench: Callable[[int, int, int], dict[str, float]]
+    cells: Callable[[dict[str, float]], str]  # a row's cells after streams and shape
+
+
 def copy_bandwidth() -> dict[str, float]:
     """Bytes read + written per second by a 1 GiB device copy, two ways: the memcpy node (copy engines inside a graph)
     and an SM kernel (elementwise negate). The larger is the practical HBM ceiling the attention is held to."""
@@ -486,41 +499,36 @@ def main(argv: list[str] | None = None) -> None:
                         f"| {r['dequant_torch_us']:.0f} | {r['dense_us']:.1f} | {r['bf16_us']:.1f} "
                         f"| {r['sliced_us']:.1f} |")
             print(rows[-1], flush=True)
-    rows += ["", "## Codec Snake activation (float32 [streams, channels, 8 frames x samples per frame]: the release "
-             "decoder's shapes for one 8-frame chunk; kernel vs torch's expression)", "",
-             "| streams | channels x length | rtts us | TB/s | torch us | speedup |", "|---|---|---|---|---|---|"]
-    codec = []
-    for B in (1, 16, 64) if "codec" in sections else ():
-        for C, per_frame in CODEC_SNAKES:
-            L = 8 * per_frame
-            r = bench_snake(B, C, L)
-            codec.append({"B": B, "C": C, "L": L, **r})
-            rows.append(f"| {B} | {C}x{L} | {r['snake_us']:.1f} | {r['snake_TBps']:.2f} | {r['torch_us']:.1f} "
-                        f"| {r['torch_us'] / r['snake_us']:.1f}x |")
-            print(rows[-1], flush=True)
-    rows += ["", "## Codec residual add (float16 [streams, channels, 8 frames x samples per frame], x + (conv + bias): "
-             "kernel vs torch's bias add and residual add)", "",
-             "| streams | channels x length | rtts us | TB/s | torch us | speedup |", "|---|---|---|---|---|---|"]
-    for B in (16, 64) if "codec" in sections else ():
-        for C, per_frame in CODEC_SNAKES[1:]:
-            L = 8 * per_frame
-            r = bench_bias_residual(B, C, L)
-            codec.append({"B": B, "C": C, "L": L, **r})  # its keys (residual_us) tell it from the Snake rows
-            rows.append(f"| {B} | {C}x{L} | {r['residual_us']:.1f} | {r['residual_TBps']:.2f} | {r['torch_us']:.1f} "
-                        f"| {r['torch_us'] / r['residual_us']:.1f}x |")
-            print(rows[-1], flush=True)
-    rows += ["", "## Codec phase layout (float16 [streams, channels, 8 frames x samples per frame] into / out of a "
-             "dilation-9 conv's phases, channels last, with Snake: kernels vs torch's Snake + a transpose)", "",
-             "| streams | channels x length | into us | TB/s | out of us | TB/s | torch us |",
-             "|---|---|---|---|---|---|---|"]
-    for B in (16, 64) if "codec" in sections else ():
-        for C, per_frame in CODEC_SNAKES[1:]:
-            L = 8 * per_frame
-            r = bench_phases(B, C, L)
-            codec.append({"B": B, "C": C, "L": L, **r})
-            rows.append(f"| {B} | {C}x{L} | {r['into_us']:.1f} | {r['into_TBps']:.2f} | {r['from_us']:.1f} "
-                        f"| {r['from_TBps']:.2f} | {r['torch_us']:.1f} |")
-            print(rows[-1], flush=True)
+    codec: list[dict[str, Any]] = []
+    codec_tables = [
+        CodecTable("Codec Snake activation (float32 [streams, channels, 8 frames x samples per frame]: the release "
+                   "decoder's shapes for one 8-frame chunk; kernel vs torch's expression)",
+                   "| streams | channels x length | rtts us | TB/s | torch us | speedup |", (1, 16, 64), CODEC_SNAKES,
+                   bench_snake,
+                   lambda r: f"{r['snake_us']:.1f} | {r['snake_TBps']:.2f} | {r['torch_us']:.1f} | "
+                             f"{r['torch_us'] / r['snake_us']:.1f}x"),
+        CodecTable("Codec residual add (float16 [streams, channels, 8 frames x samples per frame], x + (conv + bias): "
+                   "kernel vs torch's bias add and residual add)",
+                   "| streams | channels x length | rtts us | TB/s | torch us | speedup |", (16, 64), CODEC_SNAKES[1:],
+                   bench_bias_residual,
+                   lambda r: f"{r['residual_us']:.1f} | {r['residual_TBps']:.2f} | {r['torch_us']:.1f} | "
+                             f"{r['torch_us'] / r['residual_us']:.1f}x"),
+        CodecTable("Codec phase layout (float16 [streams, channels, 8 frames x samples per frame] into / out of a "
+                   "dilation-9 conv's phases, channels last, with Snake: kernels vs torch's Snake + a transpose)",
+                   "| streams | channels x length | into us | TB/s | out of us | TB/s | torch us |", (16, 64),
+                   CODEC_SNAKES[1:], bench_phases,
+                   lambda r: f"{r['into_us']:.1f} | {r['into_TBps']:.2f} | {r['from_us']:.1f} | "
+                             f"{r['from_TBps']:.2f} | {r['torch_us']:.1f}"),
+    ]
+    for t in codec_tables:
+        rows += ["", f"## {t.title}", "", t.header, "|" + "---|" * (t.header.count(" | ") + 1)]
+        for B in t.batches if "codec" in sections else ():
+            for C, per_frame in t.shapes:
+                L = 8 * per_frame
+                r = t.bench(B, C, L)
+                codec.append({"B": B, "C": C, "L": L, **r})  # each table's keys tell its rows apart
+                rows.append(f"| {B} | {C}x{L} | {t.cells(r)} |")
+                print(rows[-1], flush=True)
     machine = environment()
     machine["nvrtc"] = _jit.nvrtc_version()
     data = {"env": machine, **bw, "gemm": gemms, "mlp": mlp, "attention": attn, "layer_ops": layer,

@@ -54,6 +54,16 @@ def _vec(L: int, row: int, *tensors: torch.Tensor) -> int:
     return 4 if L % 4 == 0 and row % 4 == 0 and aligned else 1
 
 
+def _launch_by_rows(file: str, kernel: str, instances: tuple[str, ...], out: torch.Tensor, row: int,
+                    tensors: tuple[torch.Tensor, ...], args: tuple[object, ...]) -> None:
+    """Launch `kernel<type, VEC>` of `file` over out [B, C, L] (one thread per VEC elements of a row), VEC = 4 where
+    L, the input row stride and every one of `tensors`' pointers allow; `args` follow the kernel's signature."""
+    n, L = out.numel(), out.shape[-1]
+    vec = _vec(L, row, *tensors)
+    fn = _jit.function(file, f"{kernel}<{_TYPES[out.dtype]}, {vec}>", instances)
+    _jit.launch(fn, (-(-n // (256 * vec)),), (256,), args)
+
+
 def _f32(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     return None if t is None else t.to(device=device, dtype=torch.float32).contiguous()
 
@@ -75,16 +85,12 @@ def snake(x: torch.Tensor, alpha: torch.Tensor, bias: torch.Tensor | None = None
     a32, b32 = _f32(a, x.device), _f32(b, x.device)
     assert a32 is not None
     y = torch.empty(B, C, L, dtype=x.dtype, device=x.device)
-    n = y.numel()
-    if n == 0:
-        return y
     row = row_stride(x)
     assert row is not None
-    vec = _vec(L, row, x, y)
-    fn = _jit.function("snake.cu", f"snake<{_TYPES[x.dtype]}, {vec}>", _SNAKE_INSTANCES)
-    _jit.launch(fn, (-(-n // (256 * vec)),), (256,),
-                (x.data_ptr(), a32.data_ptr(), 0 if b32 is None else b32.data_ptr(), y.data_ptr(), n, i32(C),
-                 i32(L), row))
+    if y.numel():
+        _launch_by_rows("snake.cu", "snake", _SNAKE_INSTANCES, y, row, (x, y),
+                        (x.data_ptr(), a32.data_ptr(), 0 if b32 is None else b32.data_ptr(), y.data_ptr(), y.numel(),
+                         i32(C), i32(L), row))
     return y
 
 
@@ -180,16 +186,12 @@ def bias_residual(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None = 
         return reference.bias_residual(x, y, None if b is None else b.to(x.dtype))
     b32 = _f32(b, x.device)
     out = torch.empty(B, C, L, dtype=x.dtype, device=x.device)
-    n = out.numel()
-    if n == 0:
-        return out
     row = row_stride(x)
     assert row is not None
-    vec = _vec(L, row, x, y, out)
-    fn = _jit.function("codec_residual.cu", f"bias_residual<{_TYPES[x.dtype]}, {vec}>", _RESIDUAL_INSTANCES)
-    _jit.launch(fn, (-(-n // (256 * vec)),), (256,),
-                (x.data_ptr(), y.data_ptr(), 0 if b32 is None else b32.data_ptr(), out.data_ptr(), n, i32(C), i32(L),
-                 row))
+    if out.numel():
+        _launch_by_rows("codec_residual.cu", "bias_residual", _RESIDUAL_INSTANCES, out, row, (x, y, out),
+                        (x.data_ptr(), y.data_ptr(), 0 if b32 is None else b32.data_ptr(), out.data_ptr(),
+                         out.numel(), i32(C), i32(L), row))
     return out
 
 
