@@ -1,0 +1,120 @@
+"""Where a DualAR training step's time goes (the demo voice's stage ran at 0.27-0.37 s a step, ~8-17 TFLOP/s on an
+H200: far from its compute, so something else bounds it). A probe:
+
+    python bench/probes/train_step_profile.py OUT [--preset h200] [--workdir train/work/h200] [--steps 20]
+
+Needs the tokens the DualAR stage trains on (WORKDIR/tokens: on the GPU machine after `train/run_h200.sh` spoke and
+encoded them). Builds the stage's model and batches exactly as `rtts.train dualar` does, warms up, then times
+`--steps` steps three ways: wall time per step, the batch wait (the prefetch thread's queue), and the step under
+torch.profiler, ranked by device time and by host time (a launch-bound step shows host time per op near its device
+time and many small kernels). Writes OUT/train-step-profile-<gpu>-<date>.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rtts.bench.common import environment, write_results
+from rtts.model.prompt import PromptBuilder
+from rtts.model.tokenizer import load_tokenizer
+from rtts.train.dualar_train import build, losses, main_token_ids
+from rtts.train.loop import autocast, pick_device
+from rtts.train.presets import PRESETS
+from rtts.train.sequences import SequenceMaker, batches, prefetched
+from rtts.train.tokens import Tokens
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("--preset", default="h200", choices=sorted(PRESETS))
+    p.add_argument("--workdir", default=None, help="default: train/work/<preset>")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--device", default=None)
+    args = p.parse_args()
+    preset = PRESETS[args.preset]
+    cfg = preset.dualar_training
+    workdir = Path(args.workdir or f"train/work/{preset.name}")
+    device = pick_device(args.device)
+    model, _, ckpt = build(preset, workdir / "profile", device)
+    tok = load_tokenizer(ckpt, "fish_qwen3_omni")
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    tokens = Tokens.load(workdir / "tokens")
+    maker = SequenceMaker(PromptBuilder(tok, model.config.num_codebooks, "s2", model.config.codebook_size), tokens)
+    main_ids = main_token_ids(tok).to(device)
+    stream = prefetched(maker, batches(maker, cfg.batch_positions, cfg.max_frames, cfg.multi_turn, 0))
+    model.train()
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    waits: list[float] = []
+
+    def step() -> None:
+        t = time.perf_counter()
+        batch = next(stream)
+        waits.append(time.perf_counter() - t)
+        batch = batch.to(device)
+        with autocast(device):
+            parts = losses(model, batch, main_ids, cfg, guided=cfg.guided_weight > 0)
+        loss = parts["main"] + parts["fast"] + cfg.guided_weight * parts.get("guided", torch.zeros((), device=device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    for _ in range(args.warmup):
+        step()
+    sync()
+    waits.clear()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    sync()
+    wall = (time.perf_counter() - t0) / args.steps
+    wait = sum(waits) / len(waits)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(args.steps):
+            step()
+        sync()
+    events = prof.key_averages()
+    dev_key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+
+    def ranked(key: str) -> list[dict[str, Any]]:
+        rows = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:25]
+        return [{"op": e.key, "calls_per_step": e.count / args.steps,
+                 "device_us_per_step": getattr(e, "self_device_time_total", 0.0) / args.steps,
+                 "host_us_per_step": e.self_cpu_time_total / args.steps} for e in rows]
+
+    by_device, by_host = ranked(dev_key), ranked("self_cpu_time_total")
+    kernels = sum(e.count for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA)
+    device_us = sum(getattr(e, "self_device_time_total", 0.0) for e in events) / args.steps
+    summary = {"wall_ms_per_step": 1e3 * wall, "batch_wait_ms_per_step": 1e3 * wait,
+               "device_ms_per_step_profiled": device_us / 1e3, "device_kernels_per_step": kernels / args.steps,
+               "batch_positions": cfg.batch_positions, "parameters_m": sum(q.numel() for q in model.parameters()) / 1e6}
+    print(summary, flush=True)
+    md = ["| measure | value |", "|---|---|"] + [f"| {k} | {v:.2f} |" for k, v in summary.items()]
+    for title, rows in (("device", by_device), ("host", by_host)):
+        md += ["", f"Top ops by {title} time per step:", "", "| op | calls | device us | host us |",
+               "|---|---|---|---|"]
+        md += [f"| `{r['op'][:90]}` | {r['calls_per_step']:.1f} | {r['device_us_per_step']:.0f} "
+               f"| {r['host_us_per_step']:.0f} |" for r in rows]
+    data = {"env": environment(), "config": vars(args), "summary": summary, "by_device": by_device,
+            "by_host": by_host}
+    jp, mp = write_results(args.out, "train-step-profile", data, "\n".join(md))
+    print("\n".join(md))
+    print(f"wrote {jp} and {mp}")
+
+
+if __name__ == "__main__":
+    main()
