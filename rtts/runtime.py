@@ -112,10 +112,12 @@ class Runtime:
             log.info("torch CPU threads: %d (RTTS_CPU_THREADS overrides)", threads)
         self.checkpoint = Path(config.checkpoint) if config.checkpoint else None
         self.default_model = loaded is None and self.checkpoint is None
+        self.demo_dir = demo_voice_dir() if self.default_model else None
         # What the log, /v1/info and the demo page say about the default model: the demo voice's own README.
-        self.model_summary = summary(demo_voice_dir()) if self.default_model else ""
+        self.model_summary = summary(self.demo_dir) if self.demo_dir else ""
         if loaded is None:
-            ckpt = self.checkpoint or demo_voice_dir()
+            ckpt = self.checkpoint or self.demo_dir
+            assert ckpt is not None
             dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
                      "bfloat16": torch.bfloat16, "float32": torch.float32}[config.dtype]
             t0 = time.perf_counter()
@@ -173,9 +175,9 @@ class Runtime:
         if self.config.trim_when_idle:
             self.trimmer = IdleTrimmer(lambda: not self.scheduler.generating).start()
         self.ready = True
-        if self.default_model:
+        if self.demo_dir is not None:
             log.info("serving the embedded demo voice %s (%s, %d Hz): %s Pass --checkpoint DIR (fishaudio/s2-pro or "
-                     "openaudio-s1-mini) for the release models.", demo_voice_dir(), self.loaded.config.model_type,
+                     "openaudio-s1-mini) for the release models.", self.demo_dir, self.loaded.config.model_type,
                      self.sample_rate, self.model_summary)
 
     def fail(self, reason: str) -> None:
