@@ -22,8 +22,8 @@ import torch
 from rtts.bench.common import environment, write_results
 from rtts.model.prompt import PromptBuilder
 from rtts.model.tokenizer import load_tokenizer
-from rtts.train.dualar_train import build, losses, main_token_ids
-from rtts.train.loop import autocast, pick_device
+from rtts.train.dualar_train import build, main_token_ids, optimize, optimizer
+from rtts.train.loop import pick_device
 from rtts.train.presets import PRESETS
 from rtts.train.sequences import SequenceMaker, batches, prefetched
 from rtts.train.tokens import Tokens
@@ -44,7 +44,7 @@ def main() -> None:
     device = pick_device(args.device)
     model, _, ckpt = build(preset, workdir / "profile", device)
     tok = load_tokenizer(ckpt, "fish_qwen3_omni")
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    opt = optimizer(model, cfg)
     tokens = Tokens.load(workdir / "tokens")
     maker = SequenceMaker(PromptBuilder(tok, model.config.num_codebooks, "s2", model.config.codebook_size), tokens)
     main_ids = main_token_ids(tok).to(device)
@@ -61,14 +61,7 @@ def main() -> None:
         t = time.perf_counter()
         batch = next(stream)
         waits.append(time.perf_counter() - t)
-        batch = batch.to(device)
-        with autocast(device):
-            parts = losses(model, batch, main_ids, cfg, guided=cfg.guided_weight > 0)
-        loss = parts["main"] + parts["fast"] + cfg.guided_weight * parts.get("guided", torch.zeros((), device=device))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        optimize(model, opt, batch.to(device), main_ids, cfg, cfg.guided_weight, device)
 
     for _ in range(args.warmup):
         step()

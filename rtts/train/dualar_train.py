@@ -90,6 +90,25 @@ def losses(model: DualARTransformer, batch: Batch, main_ids: torch.Tensor, cfg: 
     return result
 
 
+def optimizer(model: DualARTransformer, cfg: DualARTraining) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
+
+
+def optimize(model: DualARTransformer, opt: torch.optim.Optimizer, batch: Batch, main_ids: torch.Tensor,
+             cfg: DualARTraining, guided_scale: float, device: torch.device
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+    """One training step on `batch` (on `device`): the losses, guided attention weighted by `guided_scale`, one
+    clipped optimizer step -> (loss, its parts, the gradient norm before clipping)."""
+    with autocast(device):
+        parts = losses(model, batch, main_ids, cfg, guided=cfg.guided_weight > 0)
+    loss = parts["main"] + parts["fast"] + guided_scale * parts.get("guided", torch.zeros((), device=device))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    grad = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss, parts, grad
+
+
 def initial_weights(path: Path, device: torch.device) -> dict[str, torch.Tensor]:
     """Weights to continue from: an exported checkpoint folder (its model.safetensors, read by the server's loader)
     or a state saved by this stage (WORKDIR/dualar_weights)."""
@@ -123,7 +142,7 @@ def train(preset: Preset, workdir: Path, cfg: DualARTraining, device: torch.devi
     torch.manual_seed(seed)
     model, _, ckpt = build(preset, workdir, device)
     tok = load_tokenizer(ckpt, "fish_qwen3_omni")
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    opt = optimizer(model, cfg)
     step, total, best_val = 0, cfg.steps, float("inf")
     if state.exists(workdir, STATE):
         saved = state.load(workdir, STATE, device)
@@ -188,13 +207,7 @@ def train(preset: Preset, workdir: Path, cfg: DualARTraining, device: torch.devi
         set_lr(opt, cosine_lr(step, total, cfg.warmup, cfg.lr))
         batch = next(stream).to(device)
         g = cfg.guided_weight * max(0.1, 1.0 - step / max(1, guided_end))
-        with autocast(device):
-            parts = losses(model, batch, main_ids, cfg, guided=cfg.guided_weight > 0)
-        loss = parts["main"] + parts["fast"] + g * parts.get("guided", torch.zeros((), device=device))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss, parts, grad = optimize(model, opt, batch, main_ids, cfg, g, device)
         step += 1
         if step % cfg.log_every == 0 or step == total:
             log(step, loss=float(loss.detach()), **{k: float(v.detach()) for k, v in parts.items()},
