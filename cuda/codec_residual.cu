@@ -18,12 +18,7 @@ __global__ void __launch_bounds__(256) bias_residual(const T* __restrict__ x, co
     if (i >= n) return;
     i64 row, col;
     int c;
-    if (n <= 0xFFFFFFFFll) {  // 32-bit division where the tensor allows it
-        const unsigned r = (unsigned)i / (unsigned)L;
-        row = r; col = (unsigned)i - r * (unsigned)L; c = (int)(r % (unsigned)C);
-    } else {
-        row = i / L; col = i - row * L; c = (int)(row % C);
-    }
+    row_col_channel(i, n, C, L, row, col, c);
     const float b = bias != nullptr ? bias[c] : 0.0f;
     float vx[VEC], vy[VEC];
     load_vec<VEC>(x + row * x_row + col, vx);

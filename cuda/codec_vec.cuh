@@ -1,7 +1,7 @@
-// Vector loads and stores of the codec's element types for its one-pass elementwise kernels (snake.cu,
-// codec_residual.cu): float32, and bfloat16 / IEEE half as raw 16-bit words, converted to float32 for the math.
-// VEC = 4 moves one 16-byte (float32) or 8-byte (16-bit) word; the wrappers pick it only where rows and pointers are
-// aligned to it, so a vector never straddles two rows.
+// What the codec's one-pass elementwise kernels (snake.cu, codec_residual.cu) share: vector loads and stores of
+// float32, and of bfloat16 / IEEE half as raw 16-bit words, converted to float32 for the math (VEC = 4 moves one
+// 16-byte (float32) or 8-byte (16-bit) word; the wrappers pick it only where rows and pointers are aligned to it, so
+// a vector never straddles two rows), and the split of an element index into row, column and channel.
 #pragma once
 #include "common.cuh"
 
@@ -76,5 +76,16 @@ __device__ __forceinline__ void store_vec(T* p, const float (&v)[VEC]) {
         unsigned short* b = reinterpret_cast<unsigned short*>(p);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) b[j] = B::from_float(v[j]);
+    }
+}
+
+// Element i of a [B, C, L] tensor of n elements -> its row (b * C + c), column and channel, with 32-bit divisions
+// where n allows (a 64-bit one is ~3x the instructions, per thread).
+__device__ __forceinline__ void row_col_channel(i64 i, i64 n, int C, int L, i64& row, i64& col, int& c) {
+    if (n <= 0xFFFFFFFFll) {
+        const unsigned r = (unsigned)i / (unsigned)L;
+        row = r; col = (unsigned)i - r * (unsigned)L; c = (int)(r % (unsigned)C);
+    } else {
+        row = i / L; col = i - row * L; c = (int)(row % C);
     }
 }

@@ -19,21 +19,21 @@ __device__ __forceinline__ float snake_value(float v, float a, float inv) {
     return v + inv * (s * s);
 }
 
+// One element of channel c, its bias (if any) added first.
+__device__ __forceinline__ float snake_of(float v, const float* alpha, const float* bias, int c) {
+    const float a = alpha[c];
+    return snake_value(v + (bias != nullptr ? bias[c] : 0.0f), a, 1.0f / (a + 1e-9f));
+}
+
 template <typename T, int VEC>
 __global__ void __launch_bounds__(256) snake(const T* __restrict__ x, const float* __restrict__ alpha,
                                              const float* __restrict__ bias, T* __restrict__ y, i64 n, int C, int L,
                                              i64 x_row) {
     const i64 i = ((i64)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i >= n) return;
-    // (32-bit division where the tensor allows it: a 64-bit one is ~3x the instructions, per thread)
     i64 row, col;
     int c;
-    if (n <= 0xFFFFFFFFll) {
-        const unsigned r = (unsigned)i / (unsigned)L;
-        row = r; col = (unsigned)i - r * (unsigned)L; c = (int)(r % (unsigned)C);
-    } else {
-        row = i / L; col = i - row * L; c = (int)(row % C);
-    }
+    row_col_channel(i, n, C, L, row, col, c);
     const float a = alpha[c];
     const float inv = 1.0f / (a + 1e-9f);  // torch: (alpha + 1e-9).reciprocal(), correctly rounded in both
     const float b = bias != nullptr ? bias[c] : 0.0f;
@@ -65,10 +65,9 @@ __global__ void __launch_bounds__(TILE * ROWS) snake_to_phases(const T* __restri
     for (int k = threadIdx.y; k < TILE; k += ROWS) {  // read along positions
         const int c = c0 + k, t = t0 + threadIdx.x;
         if (c < C && t < L) {
-            const float a = alpha[c];
             float v[1];
             load_vec<1>(x + (b * C + c) * x_row + t, v);
-            tile[k][threadIdx.x] = snake_value(v[0] + (bias != nullptr ? bias[c] : 0.0f), a, 1.0f / (a + 1e-9f));
+            tile[k][threadIdx.x] = snake_of(v[0], alpha, bias, c);
         }
     }
     __syncthreads();
@@ -103,9 +102,7 @@ __global__ void __launch_bounds__(TILE * ROWS) snake_from_phases(const T* __rest
     for (int k = threadIdx.y; k < TILE; k += ROWS) {  // write along positions
         const int c = c0 + k, t = t0 + threadIdx.x;
         if (c < C && t < L) {
-            const float a = alpha[c];
-            float v[1] = {snake_value(tile[threadIdx.x][k] + (bias != nullptr ? bias[c] : 0.0f), a,
-                                      1.0f / (a + 1e-9f))};
+            float v[1] = {snake_of(tile[threadIdx.x][k], alpha, bias, c)};
             store_vec<1>(y + (b * C + c) * (i64)L + t, v);
         }
     }

@@ -49,6 +49,22 @@ def _per_channel(t: torch.Tensor | None, C: int, what: str) -> torch.Tensor | No
     return t.reshape(C)
 
 
+def _channel_params(alpha: torch.Tensor, bias: torch.Tensor | None, C: int, what: str
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """alpha and the optional bias, each checked to hold C floats -> both reshaped to [C]."""
+    a = _per_channel(alpha, C, f"{what}: alpha")
+    assert a is not None
+    return a, _per_channel(bias, C, f"{what}: bias")
+
+
+def _given(*ts: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    return tuple(t for t in ts if t is not None)
+
+
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
 def _vec(L: int, row: int, *tensors: torch.Tensor) -> int:
     aligned = all(t.data_ptr() % 16 == 0 for t in tensors)
     return 4 if L % 4 == 0 and row % 4 == 0 and aligned else 1
@@ -68,29 +84,34 @@ def _f32(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     return None if t is None else t.to(device=device, dtype=torch.float32).contiguous()
 
 
+def _kernel_params(a: torch.Tensor, b: torch.Tensor | None, device: torch.device
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What the kernels read: alpha and the optional bias as float32 on the device (held by the caller until the
+    launch: a converted copy freed earlier could be reused by the output's allocation)."""
+    a32 = _f32(a, device)
+    assert a32 is not None
+    return a32, _f32(b, device)
+
+
 def snake(x: torch.Tensor, alpha: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The codec's Snake activation in one pass (cuda/snake.cu): x [B, C, L] float32, bf16 or fp16 with contiguous,
     evenly spaced rows (`row_stride`), alpha [C] and optional bias [C] (any float dtype; the kernel reads their
     float32 copies) -> snake(x + bias) = v + sin(alpha v)^2 / (alpha + 1e-9) with v = x + bias, contiguous."""
-    check(x.dtype in _TYPES and row_stride(x) is not None,
+    row = row_stride(x)
+    check(x.dtype in _TYPES and row is not None,
           lambda: f"snake: want a float32, bfloat16 or float16 [B, C, L] with contiguous rows, got {x.dtype} "
                   f"{tuple(x.shape)} strides {x.stride()}")
+    assert row is not None
     B, C, L = x.shape
-    a = _per_channel(alpha, C, "snake: alpha")
-    b = _per_channel(bias, C, "snake: bias")
-    assert a is not None
-    if not use_cuda(x, alpha, *(() if bias is None else (bias,))):
+    a, b = _channel_params(alpha, bias, C, "snake")
+    if not use_cuda(x, *_given(alpha, bias)):
         v = x if b is None else x + b.to(x.dtype).view(1, C, 1)
         return reference.snake(v, a.to(x.dtype))
-    a32, b32 = _f32(a, x.device), _f32(b, x.device)
-    assert a32 is not None
+    a32, b32 = _kernel_params(a, b, x.device)
     y = torch.empty(B, C, L, dtype=x.dtype, device=x.device)
-    row = row_stride(x)
-    assert row is not None
     if y.numel():
         _launch_by_rows("snake.cu", "snake", _SNAKE_INSTANCES, y, row, (x, y),
-                        (x.data_ptr(), a32.data_ptr(), 0 if b32 is None else b32.data_ptr(), y.data_ptr(), y.numel(),
-                         i32(C), i32(L), row))
+                        (x.data_ptr(), a32.data_ptr(), _ptr(b32), y.data_ptr(), y.numel(), i32(C), i32(L), row))
     return y
 
 
@@ -123,22 +144,20 @@ def snake_into_phases(x: torch.Tensor, alpha: torch.Tensor, bias: torch.Tensor |
     B, C, L = x.shape
     d, J = phases.shape[0] // B, phases.shape[1]
     check(0 <= start and start + L <= d * J, lambda: f"snake_into_phases: positions {start}..{start + L} past {d * J}")
-    a = _per_channel(alpha, C, "snake_into_phases: alpha")
-    b = _per_channel(bias, C, "snake_into_phases: bias")
-    assert a is not None
-    if not use_cuda(x, alpha, phases, *(() if bias is None else (bias,))):
+    a, b = _channel_params(alpha, bias, C, "snake_into_phases")
+    if not use_cuda(x, phases, *_given(alpha, bias)):
         v = x if b is None else x + b.to(x.dtype).view(1, C, 1)
         q = torch.arange(start, start + L, device=x.device)
         _phase_view(phases, B, d)[:, q % d, q // d] = reference.snake(v, a.to(x.dtype)).transpose(1, 2)
         return
-    a32, b32 = _f32(a, x.device), _f32(b, x.device)
-    assert a32 is not None and rows is not None
+    a32, b32 = _kernel_params(a, b, x.device)
+    assert rows is not None
     if L == 0 or C == 0:
         return
     fn = _jit.function("snake.cu", f"snake_to_phases<{_TYPES[x.dtype]}>", _SNAKE_INSTANCES)
     _jit.launch(fn, *_tiles(L, C, B),
-                (x.data_ptr(), a32.data_ptr(), 0 if b32 is None else b32.data_ptr(), phases.data_ptr(), i32(C),
-                 i32(L), rows, i32(d), i32(J), i32(start)))
+                (x.data_ptr(), a32.data_ptr(), _ptr(b32), phases.data_ptr(), i32(C), i32(L), rows, i32(d), i32(J),
+                 i32(start)))
 
 
 def snake_from_phases(phases: torch.Tensor, alpha: torch.Tensor, bias: torch.Tensor | None, batch: int,
@@ -151,23 +170,19 @@ def snake_from_phases(phases: torch.Tensor, alpha: torch.Tensor, bias: torch.Ten
           lambda: f"snake_from_phases: want phases [batch * d, J, C] contiguous float32, bfloat16 or float16 holding "
                   f"{length} positions for batch {batch}, got {phases.dtype} {tuple(phases.shape)}")
     d, J, C = phases.shape[0] // batch, phases.shape[1], phases.shape[2]
-    a = _per_channel(alpha, C, "snake_from_phases: alpha")
-    b = _per_channel(bias, C, "snake_from_phases: bias")
-    assert a is not None
-    if not use_cuda(phases, alpha, *(() if bias is None else (bias,))):
+    a, b = _channel_params(alpha, bias, C, "snake_from_phases")
+    if not use_cuda(phases, *_given(alpha, bias)):
         v = _phase_view(phases, batch, d).permute(0, 3, 2, 1).reshape(batch, C, J * d)[..., :length]
         if b is not None:
             v = v + b.to(v.dtype).view(1, C, 1)
         return reference.snake(v, a.to(v.dtype))
-    a32, b32 = _f32(a, phases.device), _f32(b, phases.device)
-    assert a32 is not None
+    a32, b32 = _kernel_params(a, b, phases.device)
     y = torch.empty(batch, C, length, dtype=phases.dtype, device=phases.device)
     if y.numel() == 0:
         return y
     fn = _jit.function("snake.cu", f"snake_from_phases<{_TYPES[phases.dtype]}>", _SNAKE_INSTANCES)
     _jit.launch(fn, *_tiles(length, C, batch),
-                (phases.data_ptr(), a32.data_ptr(), 0 if b32 is None else b32.data_ptr(), y.data_ptr(), i32(C),
-                 i32(length), i32(d), i32(J)))
+                (phases.data_ptr(), a32.data_ptr(), _ptr(b32), y.data_ptr(), i32(C), i32(length), i32(d), i32(J)))
     return y
 
 
@@ -175,23 +190,21 @@ def bias_residual(x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None = 
     """x + (y + bias) in one pass (cuda/codec_residual.cu): the residual unit's skip input x [B, C, L] (contiguous,
     evenly spaced rows), its last convolution's output y [B, C, L] contiguous, run without its bias [C]; the result
     is contiguous."""
-    check(x.dtype in _TYPES and row_stride(x) is not None and y.dtype == x.dtype and y.shape == x.shape
-          and y.is_contiguous(),
+    row = row_stride(x)
+    check(x.dtype in _TYPES and row is not None and y.dtype == x.dtype and y.shape == x.shape and y.is_contiguous(),
           lambda: f"bias_residual: want x and y of one float32, bfloat16 or float16 [B, C, L] (x's rows contiguous, "
                   f"y contiguous), got {x.dtype} {tuple(x.shape)} strides {x.stride()} and {y.dtype} "
                   f"{tuple(y.shape)} strides {y.stride()}")
+    assert row is not None
     B, C, L = x.shape
     b = _per_channel(bias, C, "bias_residual: bias")
-    if not use_cuda(x, y, *(() if bias is None else (bias,))):
+    if not use_cuda(x, y, *_given(bias)):
         return reference.bias_residual(x, y, None if b is None else b.to(x.dtype))
     b32 = _f32(b, x.device)
     out = torch.empty(B, C, L, dtype=x.dtype, device=x.device)
-    row = row_stride(x)
-    assert row is not None
     if out.numel():
         _launch_by_rows("codec_residual.cu", "bias_residual", _RESIDUAL_INSTANCES, out, row, (x, y, out),
-                        (x.data_ptr(), y.data_ptr(), 0 if b32 is None else b32.data_ptr(), out.data_ptr(),
-                         out.numel(), i32(C), i32(L), row))
+                        (x.data_ptr(), y.data_ptr(), _ptr(b32), out.data_ptr(), out.numel(), i32(C), i32(L), row))
     return out
 
 

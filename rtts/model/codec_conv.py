@@ -197,6 +197,12 @@ class ResidualUnit(nn.Module):
             CausalConv1d(dim, dim, 1),
         )
 
+    def _parts(self) -> tuple[Snake1d, CausalConv1d, Snake1d, CausalConv1d]:
+        snake1, conv7, snake2, conv1 = self.block
+        assert isinstance(snake1, Snake1d) and isinstance(snake2, Snake1d)
+        assert isinstance(conv7, CausalConv1d) and isinstance(conv1, CausalConv1d)
+        return snake1, conv7, snake2, conv1
+
     def _fused(self, x: torch.Tensor) -> bool:
         return (x.is_cuda and kernels.fits_kernels(x) and env.kernel_switches().codec_fused
                 and _inference(x, self))
@@ -209,9 +215,7 @@ class ResidualUnit(nn.Module):
         # `_biases_in_kernels` with the k7 conv (dilation d, 1 included) over d phases, channels last, that the Snakes
         # write and read in place: no concatenation with the context, no padding, no permutes and none of cuDNN's
         # NCHW <-> NHWC transposes (each a full pass over the activations).
-        snake1, conv7, snake2, conv1 = self.block
-        assert isinstance(snake1, Snake1d) and isinstance(snake2, Snake1d)
-        assert isinstance(conv7, CausalConv1d) and isinstance(conv1, CausalConv1d)
+        snake1, conv7, snake2, conv1 = self._parts()
         B, C, L = x.shape
         d, ctx = conv7.conv.dilation[0], conv7.context  # ctx = (K - 1) * d: whole phase columns
         K = conv7.conv.kernel_size[0]
@@ -236,21 +240,22 @@ class ResidualUnit(nn.Module):
 
     def _biases_in_kernels(self, x: torch.Tensor, tails: Tails | None) -> torch.Tensor:
         # The same unit with each conv's bias added by the pass after it: Snake(x + b7), x + (conv1 + b1).
-        snake1, conv7, snake2, conv1 = self.block
-        assert isinstance(snake1, Snake1d) and isinstance(snake2, Snake1d)
-        assert isinstance(conv7, CausalConv1d) and isinstance(conv1, CausalConv1d)
+        snake1, conv7, snake2, conv1 = self._parts()
         h = kernels.snake(x, snake1.alpha)
         h = conv7(h, bias=False) if tails is None else conv7.step(h, tails, bias=False)
         h = kernels.snake(h, snake2.alpha, conv7.conv.bias)
         return kernels.bias_residual(x, conv1.run(h, bias=False), conv1.conv.bias)
 
+    def _with_kernels(self, x: torch.Tensor, tails: Tails | None) -> torch.Tensor:
+        return self._through_phases(x, tails) if self._phased(x) else self._biases_in_kernels(x, tails)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [B, C, L]; causal convs keep the length, so no cropping of the skip path is needed
         if self._fused(x):
-            return self._through_phases(x, None) if self._phased(x) else self._biases_in_kernels(x, None)
+            return self._with_kernels(x, None)
         return x + self.block(x)
 
     def step(self, x: torch.Tensor, tails: Tails) -> torch.Tensor:
         if self._fused(x):
-            return self._through_phases(x, tails) if self._phased(x) else self._biases_in_kernels(x, tails)
+            return self._with_kernels(x, tails)
         return x + step_sequence(self.block, x, tails)
