@@ -2,7 +2,7 @@
 # How the GPU numbers in bench/results and latency_reports were produced (one H200, no internet).
 # Usage on the GPU machine, from the repository root:
 #   bench/run_h200.sh OUT_DIR [tests] [kernels] [layer] [sched] [fp8] [profile] [prefill] [pkernels] [codec] [pgraphs]
-#                     [ttfa] [tput] [spy] [gate] [codecprec] [tm] [tmab] [soak]
+#                     [ttfa] [tput] [spy] [gate] [codecprec] [tm] [tmab] [soak] [tprof]
 # (SCHED_CONC=1,16,64 picks the scheduler concurrencies, KERNEL_ARGS extra kernel-bench flags; RTTS_CODEC_GRAPHS=0 /
 # RTTS_PREFILL_GRAPHS=0 serve the ttfa step without codec / turn-prefill CUDA graphs, TTFA_NAME names its report,
 # TTFA_CONC / TTFA_MAX_RUNNING / TTFA_PREFILL_ROWS its concurrencies, server slots and prompts per prefill batch,
@@ -81,6 +81,9 @@ for step in "$@"; do
         --hardware "1x H200, FP8 linears, bf16, rtts kernels, 64 slots ${TPUT_SERVE_ARGS:-}" \
         --commit "${RTTS_COMMIT:-unknown}" --out "$OUT" 2>&1 | grep -v "^|" | tail -8
       kill -INT $pid; sleep 3; tail -3 "$OUT/serve-tput.log" ;;
+    tprof) timeout 200 python3 bench/probes/train_step_profile.py "$OUT" --synthetic ${TPROF_SENTENCES:-20000} \
+             ${TPROF_ARGS:-} > "$OUT/train-step-profile.log" 2>&1  # the demo voice's DualAR step (random codes)
+           grep -E "^\{|^\| \`" "$OUT/train-step-profile.log" | head -14 ;;
     gate) timeout 200 python3 -m rtts.bench gate --make-demo /tmp/gate --device cuda > "$OUT/gate.json" 2> "$OUT/gate.log"
           echo "gate exit $?"; tail -3 "$OUT/gate.log" ;;  # the FP8 correctness gate on a model with far-from-flat logits
     spy)  # the tput server under py-spy (wheel in .whl/): SPY_CONC sessions twice, sampled with --gil (only the thread

@@ -4,7 +4,9 @@ H200: far from its compute, so something else bounds it). A probe:
     python bench/probes/train_step_profile.py OUT [--preset h200] [--workdir train/work/h200] [--steps 20]
 
 Needs the tokens the DualAR stage trains on (WORKDIR/tokens: on the GPU machine after `train/run_h200.sh` spoke and
-encoded them). Builds the stage's model and batches exactly as `rtts.train dualar` does, warms up, then times
+encoded them), or `--synthetic N`: the first N sentences of train/sentences.txt.gz with random codes, as many frames
+as flite speaks for text of that length (~15 characters a second), so a fresh machine can run it in about a minute:
+the step's shapes and work are those of real data. Builds the stage's model and batches exactly as `rtts.train dualar` does, warms up, then times
 `--steps` steps three ways: wall time per step, the batch wait (the prefetch thread's queue), and the step under
 torch.profiler, ranked by device time and by host time (a launch-bound step shows host time per op near its device
 time and many small kernels). Writes OUT/train-step-profile-<gpu>-<date>.json and .md.
@@ -13,10 +15,12 @@ time and many small kernels). Writes OUT/train-step-profile-<gpu>-<date>.json an
 from __future__ import annotations
 
 import argparse
+import gzip
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from rtts.bench.common import environment, write_results
@@ -24,9 +28,24 @@ from rtts.model.prompt import PromptBuilder
 from rtts.model.tokenizer import load_tokenizer
 from rtts.train.dualar_train import build, main_token_ids, optimize, optimizer
 from rtts.train.loop import pick_device
-from rtts.train.presets import PRESETS
+from rtts.train.presets import FRAME_LENGTH, PRESETS, SAMPLE_RATE, Preset
 from rtts.train.sequences import SequenceMaker, batches, prefetched
 from rtts.train.tokens import Tokens
+
+
+CHARS_PER_SECOND = 15.0  # flite's cmu_us_rms on the training sentences, roughly
+
+
+def synthetic_tokens(preset: Preset, count: int, seed: int = 0) -> Tokens:
+    """Real sentences with random codes of a plausible length for each (the step's cost depends only on shapes)."""
+    with gzip.open("train/sentences.txt.gz", "rt") as f:
+        texts = [line.strip() for _, line in zip(range(count), f)]
+    rng = np.random.default_rng(seed)
+    rate = SAMPLE_RATE / FRAME_LENGTH
+    utts = [rng.integers(0, preset.codebook_size, (preset.num_codebooks, max(4, round(len(t) / CHARS_PER_SECOND
+                                                                                        * rate))))
+            for t in texts]
+    return Tokens.of(texts, utts)
 
 
 def main() -> None:
@@ -37,6 +56,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--device", default=None)
+    p.add_argument("--synthetic", type=int, default=0, help="random codes for this many sentences (no tokens needed)")
     args = p.parse_args()
     preset = PRESETS[args.preset]
     cfg = preset.dualar_training
@@ -45,7 +65,7 @@ def main() -> None:
     model, _, ckpt = build(preset, workdir / "profile", device)
     tok = load_tokenizer(ckpt, "fish_qwen3_omni")
     opt = optimizer(model, cfg)
-    tokens = Tokens.load(workdir / "tokens")
+    tokens = synthetic_tokens(preset, args.synthetic) if args.synthetic else Tokens.load(workdir / "tokens")
     maker = SequenceMaker(PromptBuilder(tok, model.config.num_codebooks, "s2", model.config.codebook_size), tokens)
     main_ids = main_token_ids(tok).to(device)
     stream = prefetched(maker, batches(maker, cfg.batch_positions, cfg.max_frames, cfg.multi_turn, 0))
