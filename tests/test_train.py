@@ -177,6 +177,35 @@ def test_sequences_use_the_server_layout_and_supervise_the_stop(tmp_path: Path) 
         assert int(cols[0, qs]) == tok.voice_id and qe - 1 == eos[k]  # queries: <|voice|> .. the stopping frame
 
 
+@pytest.mark.slow
+def test_compiled_blocks_give_the_eager_losses_and_gradients(tmp_path: Path) -> None:
+    """The stage's compile=1 (torch.compile of the blocks, dynamic shapes): same losses and gradients as eager, on
+    two batches of different lengths (one compiled graph serves both)."""
+    from dataclasses import replace
+
+    model, ckpt = _tiny_model(tmp_path)
+    tok = load_tokenizer(ckpt, "fish_qwen3_omni")
+    maker = SequenceMaker(PromptBuilder(tok, model.config.num_codebooks, "s2", model.config.codebook_size),
+                          _toy_tokens(4, model.config.num_codebooks))
+    main_ids = dualar_train.main_token_ids(tok)
+    eager_cfg = replace(MICRO.dualar_training, dropout=0.0)
+    for utts in ([[0], [1, 2]], [[3], [0, 1, 2]]):
+        batch = collate(maker, [maker.example(u) for u in utts])
+        results = []
+        for cfg in (eager_cfg, replace(eager_cfg, compile=True)):
+            model.zero_grad(set_to_none=True)
+            parts = dualar_train.losses(model, batch, main_ids, cfg, guided=True)
+            (parts["main"] + parts["fast"] + parts["guided"]).backward()
+            results.append(({k: v.detach() for k, v in parts.items()},
+                            [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+        (eager, eager_grads), (compiled, compiled_grads) = results
+        for name in eager:
+            torch.testing.assert_close(compiled[name], eager[name], rtol=1e-4, atol=1e-5)
+        assert len(compiled_grads) == len(eager_grads)
+        for a, b in zip(compiled_grads, eager_grads):
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------------- pipeline
 
 

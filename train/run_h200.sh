@@ -20,6 +20,7 @@
 # Measured on the H200 (bench/results/demo_voice/): data 676x real time on 16 cores (24,000 sentences, 22.7 h, in
 # 121 s; all 52,311 ~4.5 min); codec 0.14 s per step of 48 x 2 s; tokens 17 s per 24,000; DualAR 0.29-0.44 s per step.
 #
+# DUALAR_ARGS: more flags for the DualAR stage (e.g. "--set compile=1": its blocks through torch.compile).
 # BUDGET_S (default 560) is the whole command's wall time; every stage is given what is left, and the training
 # stages fit their step counts (and learning-rate schedules) to it from timed steps, refitted as those double. Each
 # stage also saves a resumable state (train/work/h200/*_state.*) every few hundred steps and at its deadline.
@@ -80,7 +81,7 @@ case $CALL in
       [ -f $from/model.safetensors ] || { [ "$PRESET" = h200 ] && from=rtts/demo_voice; }
       init=(--init-weights $from); lr=(--lr "${LR:-4e-4}"); rm -f $W/dualar_state.*
     fi
-    python3 -m rtts.train dualar --preset "$PRESET" "${init[@]}" "${lr[@]}" --minutes "$(minutes_left 40)" 2>&1 \
+    python3 -m rtts.train dualar --preset "$PRESET" "${init[@]}" "${lr[@]}" ${DUALAR_ARGS:-} --minutes "$(minutes_left 40)" 2>&1 \
       | tee "$OUT/dualar.log"
     python3 -m rtts.train export --preset "$PRESET" --out $W/export 2>&1 | tee -a "$OUT/dualar.log"
     cp $W/export/model.safetensors $W/export/codec.pth "$OUT/"

@@ -6,15 +6,16 @@ H200: far from its compute, so something else bounds it). A probe:
 Needs the tokens the DualAR stage trains on (WORKDIR/tokens: on the GPU machine after `train/run_h200.sh` spoke and
 encoded them), or `--synthetic N`: the first N sentences of train/sentences.txt.gz with random codes, as many frames
 as flite speaks for text of that length (~15 characters a second), so a fresh machine can run it in about a minute:
-the step's shapes and work are those of real data. Builds the stage's model and batches exactly as `rtts.train dualar` does, warms up, then times
-`--steps` steps three ways: wall time per step, the batch wait (the prefetch thread's queue), and the step under
-torch.profiler, ranked by device time and by host time (a launch-bound step shows host time per op near its device
-time and many small kernels). Writes OUT/train-step-profile-<gpu>-<date>.json and .md.
+the step's shapes and work are those of real data. Builds the stage's model and batches exactly as `rtts.train
+dualar` does (`--compile`: its compile=1), warms up, then times `--steps` steps three ways: wall time per step, the
+batch wait (the prefetch thread's queue), and the step under torch.profiler, ranked by device time and by host time (a
+launch-bound step shows host time per op near its device time and many small kernels). Writes OUT/train-step-profile-<gpu>-<date>.json and .md.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import time
 from pathlib import Path
@@ -31,7 +32,6 @@ from rtts.train.loop import pick_device
 from rtts.train.presets import FRAME_LENGTH, PRESETS, SAMPLE_RATE, Preset
 from rtts.train.sequences import SequenceMaker, batches, prefetched
 from rtts.train.tokens import Tokens
-
 
 CHARS_PER_SECOND = 15.0  # flite's cmu_us_rms on the training sentences, roughly
 
@@ -56,10 +56,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--device", default=None)
+    p.add_argument("--compile", action="store_true", help="the blocks through torch.compile (the stage's compile=1)")
     p.add_argument("--synthetic", type=int, default=0, help="random codes for this many sentences (no tokens needed)")
     args = p.parse_args()
     preset = PRESETS[args.preset]
-    cfg = preset.dualar_training
+    cfg = dataclasses.replace(preset.dualar_training, compile=args.compile)
     workdir = Path(args.workdir or f"train/work/{preset.name}")
     device = pick_device(args.device)
     model, _, ckpt = build(preset, workdir / "profile", device)

@@ -9,7 +9,9 @@ the heads the guided-attention loss pulls onto the text diagonal.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +60,15 @@ def block(layer: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, g
     return h + F.dropout(f, dropout, training=dropout > 0), probs
 
 
+BlockFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+
+
+@functools.cache
+def block_fn(compiled: bool) -> BlockFn:
+    """`block`, or one torch.compile of it shared by every layer (dynamic shapes: batch and length vary per step)."""
+    return torch.compile(block, dynamic=True) if compiled else block
+
+
 @dataclass
 class SlowOutput:
     normed: torch.Tensor  # [B, S, dim] final-normed hidden (the head's input)
@@ -66,7 +77,7 @@ class SlowOutput:
 
 
 def slow(model: DualARTransformer, columns: torch.Tensor, guided_layers: tuple[int, ...] = (),
-         dropout: float = 0.0) -> SlowOutput:
+         dropout: float = 0.0, compiled: bool = False) -> SlowOutput:
     """columns [B, rows, S] (from position 0) -> the slow transformer's outputs at every position."""
     c = model.config
     S = columns.shape[-1]
@@ -75,7 +86,7 @@ def slow(model: DualARTransformer, columns: torch.Tensor, guided_layers: tuple[i
     probs = []
     for i, layer in enumerate(model.layers):
         assert isinstance(layer, Block)
-        x, p = block(layer, x, cos, sin, 1 if i in guided_layers else 0, dropout)
+        x, p = block_fn(compiled)(layer, x, cos, sin, 1 if i in guided_layers else 0, dropout)
         if p is not None:
             probs.append(p)
     normed = rmsnorm(x, model.norm.weight, model.norm.eps)
@@ -90,7 +101,8 @@ def main_logits(model: DualARTransformer, normed: torch.Tensor, main_ids: torch.
     return normed @ model.head_weight()[main_ids].T
 
 
-def fast(model: DualARTransformer, fast_in: torch.Tensor, codes: torch.Tensor, dropout: float = 0.0) -> torch.Tensor:
+def fast(model: DualARTransformer, fast_in: torch.Tensor, codes: torch.Tensor, dropout: float = 0.0,
+         compiled: bool = False) -> torch.Tensor:
     """fast_in [M, fast_dim] (the slow output that predicted each frame), codes [M, K] of those frames -> logits
     [M, K, codebook_size]: position 0 is fed fast_in, position p the embedding of c_(p-1); output p predicts c_p."""
     c = model.config
@@ -99,7 +111,7 @@ def fast(model: DualARTransformer, fast_in: torch.Tensor, codes: torch.Tensor, d
     cos, sin = rope(torch.arange(K, device=codes.device), c.fast_head_dim, c.rope_base)
     for layer in model.fast_layers:
         assert isinstance(layer, Block)
-        x, _ = block(layer, x, cos, sin, 0, dropout)
+        x, _ = block_fn(compiled)(layer, x, cos, sin, 0, dropout)
     return model.fast_output(rmsnorm(x, model.fast_norm.weight, model.fast_norm.eps))
 
 

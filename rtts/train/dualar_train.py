@@ -68,7 +68,7 @@ def main_token_ids(tok: FishTokenizer) -> torch.Tensor:
 def losses(model: DualARTransformer, batch: Batch, main_ids: torch.Tensor, cfg: DualARTraining,
            guided: bool) -> dict[str, torch.Tensor]:
     drop = cfg.dropout if model.training else 0.0
-    out = fwd.slow(model, batch.columns, cfg.guided_layers if guided else (), drop)
+    out = fwd.slow(model, batch.columns, cfg.guided_layers if guided else (), drop, cfg.compile)
     logits = fwd.main_logits(model, out.normed, main_ids).float()
     target = batch.main_target
     mask = target >= 0
@@ -80,7 +80,7 @@ def losses(model: DualARTransformer, batch: Batch, main_ids: torch.Tensor, cfg: 
     fm = batch.frame_mask
     codes = batch.columns[:, 1:, 1:].transpose(1, 2)  # [B, S-1, K]: codes of column p+1 at index p
     sel_codes = codes[fm[:, :-1]]
-    fast_logits = fwd.fast(model, out.fast_in[:, :-1][fm[:, :-1]], sel_codes, drop).float()
+    fast_logits = fwd.fast(model, out.fast_in[:, :-1][fm[:, :-1]], sel_codes, drop, cfg.compile).float()
     result["fast"] = F.cross_entropy(fast_logits.flatten(0, 1), sel_codes.flatten())
     if guided and out.guided_probs:
         result["guided"] = guided_loss(out.guided_probs, batch.spans, cfg.guided_sigma)

@@ -89,6 +89,7 @@ class DualARTraining:
     val_every: int = 250  # held-out losses (rtts.train.validation); the best weights are the ones exported
     save_every: int = 500
     log_every: int = 50
+    compile: bool = False  # transformer blocks through torch.compile (fuses the step's many elementwise kernels)
 
 
 @dataclass(frozen=True)
