@@ -9,7 +9,8 @@ as flite speaks for text of that length (~15 characters a second), so a fresh ma
 the step's shapes and work are those of real data. Builds the stage's model and batches exactly as `rtts.train
 dualar` does (`--compile`: its compile=1), warms up, then times `--steps` steps three ways: wall time per step, the
 batch wait (the prefetch thread's queue), and the step under torch.profiler, ranked by device time and by host time (a
-launch-bound step shows host time per op near its device time and many small kernels). Writes OUT/train-step-profile-<gpu>-<date>.json and .md.
+launch-bound step shows host time per op near its device time and many small kernels).
+Writes OUT/train-step-profile-<gpu>-<date>.json and .md.
 """
 
 from __future__ import annotations
