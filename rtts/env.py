@@ -64,10 +64,10 @@ class KernelSwitches:
     # RTTS_CODEC_FUSED=0: the codec's residual units on a GPU add their convs' biases as torch does, in passes of
     # their own, instead of in the Snake and residual kernels.
     codec_fused: bool = True
-    # RTTS_CODEC_CHANNELS_LAST=1: with both of the above, a residual unit's k7 conv runs channels last over its
-    # phases, written and read in place by the tiled Snake kernels (ResidualUnit._through_phases). Off until its GPU
-    # tests and measurement have run (bench/results/PERF.md).
-    codec_channels_last: bool = False
+    # RTTS_CODEC_CHANNELS_LAST=0: with both of the above, a residual unit's k7 conv runs channels last over its
+    # phases, written and read in place by the tiled Snake kernels (ResidualUnit._through_phases); 0 turns that off
+    # (the phases are then permuted and padded by torch around cuDNN's NCHW conv).
+    codec_channels_last: bool = True
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> KernelSwitches:
@@ -85,7 +85,7 @@ class KernelSwitches:
             gemm_rows=int(rows) if rows else None,
             codec_polyphase=_choice(environ, "RTTS_CODEC_POLYPHASE", ("0", "1")) != "0",
             codec_fused=_choice(environ, "RTTS_CODEC_FUSED", ("0", "1")) != "0",
-            codec_channels_last=_choice(environ, "RTTS_CODEC_CHANNELS_LAST", ("0", "1")) == "1",
+            codec_channels_last=_choice(environ, "RTTS_CODEC_CHANNELS_LAST", ("0", "1")) != "0",
         )
 
 

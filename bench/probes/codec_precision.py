@@ -40,7 +40,7 @@ class Variant:
     cudnn_benchmark: bool = False
     phases: bool = True  # dilated convs as undilated convs over their phases (RTTS_CODEC_POLYPHASE)
     fused: bool = True  # residual units' conv biases added by the Snake / residual kernels (RTTS_CODEC_FUSED)
-    channels_last: bool = False  # residual units' k7 convs channels last over phases (RTTS_CODEC_CHANNELS_LAST)
+    channels_last: bool = False  # residual units' k7 convs channels last over phases (RTTS_CODEC_CHANNELS_LAST; served)
 
     def apply(self) -> None:
         torch.backends.cudnn.allow_tf32 = self.conv_tf32
@@ -59,11 +59,11 @@ VARIANTS = {
                                                                              fused=False),
     "fp16, dilated convs by phases": Variant(dtype=torch.float16, fused=False),
     "fp16, biases in the kernels": Variant(dtype=torch.float16, phases=False),
-    "fp16 (served: both)": Variant(dtype=torch.float16),
-    "fp16, both + channels-last phases in place": Variant(dtype=torch.float16, channels_last=True),
+    "fp16, both": Variant(dtype=torch.float16),
+    "fp16 (served: both + channels-last phases in place)": Variant(dtype=torch.float16, channels_last=True),
 }
-SERVED = "fp16 (served: both)"
-PROFILED = (SERVED, "fp16, both + channels-last phases in place")
+SERVED = "fp16 (served: both + channels-last phases in place)"
+PROFILED = ("fp16, both", SERVED)
 
 
 def random_codes(codec: Codec, b: int, t: int, seed: int) -> torch.Tensor:

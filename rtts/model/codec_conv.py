@@ -14,9 +14,8 @@ choice for some dilated shapes runs without tensor cores, at ~12x the time of th
 residual unit runs its convs without their biases, which the next Snake kernel and the closing residual kernel add in
 their single passes (torch adds a cuDNN conv's bias as a broadcast pass of its own). With both, a unit's Snakes write
 and read its k7 conv's input and output in phase layout, channels last, in place (`ResidualUnit._through_phases`): the
-conv's context, padding, phase permutes and cuDNN's layout transposes cost no passes of their own (opt-in,
-`RTTS_CODEC_CHANNELS_LAST=1`, until measured on the GPU). `RTTS_CODEC_POLYPHASE=0` / `RTTS_CODEC_FUSED=0` turn the
-first two off for comparison.
+conv's context, padding, phase permutes and cuDNN's layout transposes cost no passes of their own.
+`RTTS_CODEC_POLYPHASE=0` / `RTTS_CODEC_FUSED=0` / `RTTS_CODEC_CHANNELS_LAST=0` turn them off for comparison.
 """
 
 from __future__ import annotations
