@@ -18,7 +18,8 @@
 #               tree, the bundle and a carried checkpoint and codec would pass the 64 MiB a call takes)
 #
 # Measured on the H200 (bench/results/demo_voice/): data 676x real time on 16 cores (24,000 sentences, 22.7 h, in
-# 121 s; all 52,311 ~4.5 min); codec 0.14 s per step of 48 x 2 s; tokens 17 s per 24,000; DualAR 0.29-0.44 s per step.
+# 121 s; all 52,311 ~4.5 min); codec 0.14 s per step of 48 x 2 s; tokens 17 s per 24,000; DualAR 0.10 s per step
+# (0.29-0.44 before the stage kept attention off cuDNN).
 #
 # DUALAR_ARGS: more flags for the DualAR stage (e.g. "--set compile=1": its blocks through torch.compile).
 # BUDGET_S (default 560) is the whole command's wall time; every stage is given what is left, and the training
