@@ -58,10 +58,12 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--device", default=None)
     p.add_argument("--compile", action="store_true", help="the blocks through torch.compile (the stage's compile=1)")
+    p.add_argument("--batch-positions", type=int, default=0, help="override the preset's padded positions per batch")
     p.add_argument("--synthetic", type=int, default=0, help="random codes for this many sentences (no tokens needed)")
     args = p.parse_args()
     preset = PRESETS[args.preset]
-    cfg = dataclasses.replace(preset.dualar_training, compile=args.compile)
+    cfg = dataclasses.replace(preset.dualar_training, compile=args.compile,
+                              batch_positions=args.batch_positions or preset.dualar_training.batch_positions)
     workdir = Path(args.workdir or f"train/work/{preset.name}")
     device = pick_device(args.device)
     model, _, ckpt = build(preset, workdir / "profile", device)

@@ -55,9 +55,9 @@ def block(layer: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, g
     """One pre-norm block; `dropout` (training only) applies to each residual branch's output."""
     an, fn = layer.attention_norm, layer.ffn_norm
     a, probs = attention(layer.attention, rmsnorm(x, an.weight, an.eps), cos, sin, guided)
-    h = x + F.dropout(a, dropout, training=dropout > 0)
+    h = x + (F.dropout(a, dropout) if dropout > 0 else a)  # (a branch, not training=: compiles as one graph)
     f = layer.feed_forward(rmsnorm(h, fn.weight, fn.eps))
-    return h + F.dropout(f, dropout, training=dropout > 0), probs
+    return h + (F.dropout(f, dropout) if dropout > 0 else f), probs
 
 
 BlockFn = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
