@@ -1,7 +1,8 @@
 // What the codec's one-pass elementwise kernels (snake.cu, codec_residual.cu) share: vector loads and stores of
 // float32, and of bfloat16 / IEEE half as raw 16-bit words, converted to float32 for the math (VEC = 4 moves one
-// 16-byte (float32) or 8-byte (16-bit) word; the wrappers pick it only where rows and pointers are aligned to it, so
-// a vector never straddles two rows), and the split of an element index into row, column and channel.
+// 16-byte (float32) or 8-byte (16-bit) word, VEC = 2 half that; the wrappers pick them only where rows and pointers
+// are aligned to them, so a vector never straddles two rows), and the split of an element index into row, column and
+// channel.
 #pragma once
 #include "common.cuh"
 
@@ -10,6 +11,9 @@ __device__ __forceinline__ void load_vec(const float* p, float (&v)[VEC]) {
     if constexpr (VEC == 4) {
         const float4 q = *reinterpret_cast<const float4*>(p);
         v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+    } else if constexpr (VEC == 2) {
+        const float2 q = *reinterpret_cast<const float2*>(p);
+        v[0] = q.x; v[1] = q.y;
     } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) v[j] = p[j];
@@ -20,6 +24,8 @@ template <int VEC>
 __device__ __forceinline__ void store_vec(float* p, const float (&v)[VEC]) {
     if constexpr (VEC == 4) {
         *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    } else if constexpr (VEC == 2) {
+        *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
     } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) p[j] = v[j];
@@ -57,6 +63,9 @@ __device__ __forceinline__ void load_vec(const T* p, float (&v)[VEC]) {
         const uint2 q = *reinterpret_cast<const uint2*>(p);
         v[0] = B::to_float(q.x & 0xffff); v[1] = B::to_float(q.x >> 16);
         v[2] = B::to_float(q.y & 0xffff); v[3] = B::to_float(q.y >> 16);
+    } else if constexpr (VEC == 2) {
+        const unsigned q = *reinterpret_cast<const unsigned*>(p);
+        v[0] = B::to_float(q & 0xffff); v[1] = B::to_float(q >> 16);
     } else {
         const unsigned short* b = reinterpret_cast<const unsigned short*>(p);
 #pragma unroll
@@ -72,6 +81,8 @@ __device__ __forceinline__ void store_vec(T* p, const float (&v)[VEC]) {
         q.x = (unsigned)B::from_float(v[0]) | ((unsigned)B::from_float(v[1]) << 16);
         q.y = (unsigned)B::from_float(v[2]) | ((unsigned)B::from_float(v[3]) << 16);
         *reinterpret_cast<uint2*>(p) = q;
+    } else if constexpr (VEC == 2) {
+        *reinterpret_cast<unsigned*>(p) = (unsigned)B::from_float(v[0]) | ((unsigned)B::from_float(v[1]) << 16);
     } else {
         unsigned short* b = reinterpret_cast<unsigned short*>(p);
 #pragma unroll

@@ -49,61 +49,75 @@ __global__ void __launch_bounds__(256) snake(const T* __restrict__ x, const floa
 // native NHWC layout): position q of a [B, C, *] signal lives at [b * d + q % d, q / d, c] of a [B * d, J, C] tensor.
 // These replace, around each such conv, the causal context's concatenation, the right padding, the permutes into and
 // out of phases and cuDNN's NCHW <-> NHWC transposes (each a full pass over the activations). The layout change is a
-// transpose, so both kernels go through a shared-memory tile of TILE positions x TILE channels: reads and writes
-// both coalesce. Block (TILE, ROWS); grid (ceil(L / TILE), ceil(C / TILE), B).
+// transpose, so both kernels go through a shared-memory tile of TILE * V positions x TILE * V channels: reads and
+// writes both coalesce. Each thread moves V consecutive elements per access (V = 2: the wrapper's choice where C, the
+// lengths, the row stride and the pointers are even / aligned; one 2-byte access per thread left these kernels at a
+// fraction of the memory bandwidth). Block (TILE, ROWS); grid (ceil(L / (TILE * V)), ceil(C / (TILE * V)), B).
 constexpr int TILE = 32, ROWS = 8;
 
 // y (phase layout [B * d, J, C]) at positions y0 .. y0 + L - 1 <- snake(x + bias), x [B, C, L] with rows x_row apart;
 // other positions keep what they hold.
-template <typename T>
+template <typename T, int V>
 __global__ void __launch_bounds__(TILE * ROWS) snake_to_phases(const T* __restrict__ x, const float* __restrict__ alpha,
                                                                 const float* __restrict__ bias, T* __restrict__ y,
                                                                 int C, int L, i64 x_row, int d, int J, int y0) {
-    __shared__ float tile[TILE][TILE + 1];  // [channel][position]
-    const int t0 = blockIdx.x * TILE, c0 = blockIdx.y * TILE;
+    constexpr int TT = TILE * V;
+    __shared__ float tile[TT][TT + 1];  // [channel][position]
+    const int t0 = blockIdx.x * TT, c0 = blockIdx.y * TT;
     const i64 b = blockIdx.z;
-    for (int k = threadIdx.y; k < TILE; k += ROWS) {  // read along positions
-        const int c = c0 + k, t = t0 + threadIdx.x;
-        if (c < C && t < L) {
-            float v[1];
-            load_vec<1>(x + (b * C + c) * x_row + t, v);
-            tile[k][threadIdx.x] = snake_of(v[0], alpha, bias, c);
+#pragma unroll
+    for (int i = 0; i < TT / ROWS; ++i) {  // read along positions
+        const int k = threadIdx.y + i * ROWS, c = c0 + k, t = t0 + threadIdx.x * V;
+        if (c < C && t < L) {  // t + V <= L: V divides L and t
+            float v[V];
+            load_vec<V>(x + (b * C + c) * x_row + t, v);
+#pragma unroll
+            for (int j = 0; j < V; ++j) tile[k][threadIdx.x * V + j] = snake_of(v[j], alpha, bias, c);
         }
     }
     __syncthreads();
-    for (int k = threadIdx.y; k < TILE; k += ROWS) {  // write along channels
-        const int t = t0 + k, c = c0 + threadIdx.x;
-        if (c < C && t < L) {
+#pragma unroll
+    for (int i = 0; i < TT / ROWS; ++i) {  // write along channels
+        const int k = threadIdx.y + i * ROWS, t = t0 + k, c = c0 + threadIdx.x * V;
+        if (c < C && t < L) {  // c + V <= C: V divides C and c
             const unsigned q = (unsigned)(y0 + t);
-            float v[1] = {tile[threadIdx.x][k]};
-            store_vec<1>(y + ((b * d + q % (unsigned)d) * J + q / (unsigned)d) * C + c, v);
+            float v[V];
+#pragma unroll
+            for (int j = 0; j < V; ++j) v[j] = tile[threadIdx.x * V + j][k];
+            store_vec<V>(y + ((b * d + q % (unsigned)d) * J + q / (unsigned)d) * C + c, v);
         }
     }
 }
 
 // y [B, C, L] contiguous <- snake(x + bias) of the signal x holds in phase layout [B * d, J, C], positions 0 .. L - 1.
-template <typename T>
+template <typename T, int V>
 __global__ void __launch_bounds__(TILE * ROWS) snake_from_phases(const T* __restrict__ x,
                                                                   const float* __restrict__ alpha,
                                                                   const float* __restrict__ bias, T* __restrict__ y,
                                                                   int C, int L, int d, int J) {
-    __shared__ float tile[TILE][TILE + 1];  // [position][channel]
-    const int t0 = blockIdx.x * TILE, c0 = blockIdx.y * TILE;
+    constexpr int TT = TILE * V;
+    __shared__ float tile[TT][TT + 1];  // [position][channel]
+    const int t0 = blockIdx.x * TT, c0 = blockIdx.y * TT;
     const i64 b = blockIdx.z;
-    for (int k = threadIdx.y; k < TILE; k += ROWS) {  // read along channels
-        const int t = t0 + k, c = c0 + threadIdx.x;
-        if (c < C && t < L) {
-            float v[1];
-            load_vec<1>(x + ((b * d + (unsigned)t % (unsigned)d) * J + (unsigned)t / (unsigned)d) * C + c, v);
-            tile[k][threadIdx.x] = v[0];
+#pragma unroll
+    for (int i = 0; i < TT / ROWS; ++i) {  // read along channels
+        const int k = threadIdx.y + i * ROWS, t = t0 + k, c = c0 + threadIdx.x * V;
+        if (c < C && t < L) {  // c + V <= C: V divides C and c
+            float v[V];
+            load_vec<V>(x + ((b * d + (unsigned)t % (unsigned)d) * J + (unsigned)t / (unsigned)d) * C + c, v);
+#pragma unroll
+            for (int j = 0; j < V; ++j) tile[k][threadIdx.x * V + j] = v[j];
         }
     }
     __syncthreads();
-    for (int k = threadIdx.y; k < TILE; k += ROWS) {  // write along positions
-        const int c = c0 + k, t = t0 + threadIdx.x;
-        if (c < C && t < L) {
-            float v[1] = {snake_of(tile[threadIdx.x][k], alpha, bias, c)};
-            store_vec<1>(y + (b * C + c) * (i64)L + t, v);
+#pragma unroll
+    for (int i = 0; i < TT / ROWS; ++i) {  // write along positions
+        const int k = threadIdx.y + i * ROWS, c = c0 + k, t = t0 + threadIdx.x * V;
+        if (c < C && t < L) {  // t + V <= L: V divides L and t
+            float v[V];
+#pragma unroll
+            for (int j = 0; j < V; ++j) v[j] = snake_of(tile[threadIdx.x * V + j][k], alpha, bias, c);
+            store_vec<V>(y + (b * C + c) * (i64)L + t, v);
         }
     }
 }

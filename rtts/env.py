@@ -68,6 +68,10 @@ class KernelSwitches:
     # phases, written and read in place by the tiled Snake kernels (ResidualUnit._through_phases); 0 turns that off
     # (the phases are then permuted and padded by torch around cuDNN's NCHW conv).
     codec_channels_last: bool = True
+    # RTTS_CODEC_TILE_PAIRS=1: the phase-layout Snake kernels move two elements per thread and access (64 x 64
+    # tiles) where shapes and pointers allow, instead of one 2-byte access (32 x 32 tiles). Off until its GPU tests
+    # and benchmark have run (`python -m rtts.bench kernels --sections codec`).
+    codec_tile_pairs: bool = False
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> KernelSwitches:
@@ -86,6 +90,7 @@ class KernelSwitches:
             codec_polyphase=_choice(environ, "RTTS_CODEC_POLYPHASE", ("0", "1")) != "0",
             codec_fused=_choice(environ, "RTTS_CODEC_FUSED", ("0", "1")) != "0",
             codec_channels_last=_choice(environ, "RTTS_CODEC_CHANNELS_LAST", ("0", "1")) != "0",
+            codec_tile_pairs=_choice(environ, "RTTS_CODEC_TILE_PAIRS", ("0", "1")) == "1",
         )
 
 

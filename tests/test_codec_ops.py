@@ -239,29 +239,35 @@ def test_conv_by_phases_on_the_gpu(dtype: torch.dtype) -> None:
 
 
 @GPU
+@pytest.mark.parametrize("pairs", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("B,C,L,d,start", [(2, 3, 11, 3, 6), (64, 384, 2048, 9, 54), (3, 96, 17, 3, 18),
-                                           (2, 40, 70, 1, 6)])
-def test_phase_kernels(dtype: torch.dtype, B: int, C: int, L: int, d: int, start: int) -> None:
+@pytest.mark.parametrize("B,C,L,d,start,pad", [(2, 3, 11, 3, 6, 5), (64, 384, 2048, 9, 54, 5), (3, 96, 17, 3, 18, 5),
+                                               (2, 40, 70, 1, 6, 5), (64, 384, 2048, 9, 54, 6), (3, 96, 130, 3, 17, 6),
+                                               (2, 98, 66, 9, 0, 4)])
+def test_phase_kernels(pairs: bool, dtype: torch.dtype, B: int, C: int, L: int, d: int, start: int, pad: int) -> None:
+    """Both kernels against the CPU reference, with rows `L + pad` apart (even pads: the two-element accesses of
+    RTTS_CODEC_TILE_PAIRS where C and the lengths are even too; partial tiles at both edges)."""
     g = torch.Generator().manual_seed(L + d)
     J = -(-(start + L) // d) + 1
-    full = (torch.randn(B, C, L + 5, generator=g) * 3).to(dtype)
+    full = (torch.randn(B, C, L + pad, generator=g) * 3).to(dtype)
     x, alpha, bias = full[..., 2 : 2 + L], torch.rand(C, generator=g) + 0.1, torch.randn(C, generator=g)
     want = torch.full((B * d, J, C), 7.0)
     kernels.snake_into_phases(x.float(), alpha, bias, want, start)  # CPU: the reference, in float32 as the kernel
     got = torch.full((B * d, J, C), 7.0, dtype=dtype, device="cuda")
-    kernels.snake_into_phases(full.cuda()[..., 2 : 2 + L], alpha.cuda(), bias.cuda(), got, start)  # rows L + 5 apart
     tol = {"rtol": 2e-6, "atol": 2e-6} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}  # one rounding
-    torch.testing.assert_close(got.cpu().float(), want, **tol)
-    back = kernels.snake_from_phases(got, alpha.cuda(), bias.cuda(), B, start + L)
+    with env.override_kernel_switches(codec_tile_pairs=pairs):
+        kernels.snake_into_phases(full.cuda()[..., 2 : 2 + L], alpha.cuda(), bias.cuda(), got, start)
+        torch.testing.assert_close(got.cpu().float(), want, **tol)
+        back = kernels.snake_from_phases(got, alpha.cuda(), bias.cuda(), B, start + L)
     back_want = kernels.snake_from_phases(got.cpu().float(), alpha, bias, B, start + L)
     torch.testing.assert_close(back.cpu().float(), back_want, **tol)
 
 
 @GPU
+@pytest.mark.parametrize("pairs", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("dilation", [1, 3, 9])
-def test_streamed_unit_through_phases_on_the_gpu(dtype: torch.dtype, dilation: int) -> None:
+def test_streamed_unit_through_phases_on_the_gpu(dtype: torch.dtype, dilation: int, pairs: bool) -> None:
     """The served path: a half-precision dilated unit streamed in uneven chunks (one shorter than its context) through
     the phase kernels, against the same unit with the phases by copies (`_biases_in_kernels`), chunk by chunk."""
     from rtts.model.codec_conv import ResidualUnit
@@ -276,7 +282,7 @@ def test_streamed_unit_through_phases_on_the_gpu(dtype: torch.dtype, dilation: i
     tails = [torch.zeros(4, 96, conv7.context, device="cuda", dtype=dtype)]
     ref_tails = [t.clone() for t in tails]
     start = 0
-    with torch.no_grad():
+    with torch.no_grad(), env.override_kernel_switches(codec_tile_pairs=pairs):
         for size in (5, 64, 31, 200):
             chunk = x[..., start : start + size]
             got = unit._through_phases(chunk, tails)

@@ -380,10 +380,13 @@ def bench_phases(B: int, C: int, L: int, d: int = 9) -> dict[str, float]:
     def torch_ops(i: int) -> torch.Tensor:
         return ref.snake(xs[i % n], alpha.half()).transpose(1, 2).contiguous()
 
-    out = {k: 1e6 * time_graph(graph_calls(f, 2 * n))
-           for k, f in (("into_us", into), ("from_us", out_of), ("torch_us", torch_ops))}
-    for k in ("into", "from"):
-        out[f"{k}_TBps"] = 4 * B * C * L / (out[f"{k}_us"] * 1e-6) / 1e12  # 2 bytes read + 2 written per element
+    out = {"torch_us": 1e6 * time_graph(graph_calls(torch_ops, 2 * n))}
+    for pairs in (False, True):  # one element per access, and two (RTTS_CODEC_TILE_PAIRS)
+        with env.override_kernel_switches(codec_tile_pairs=pairs):
+            for k, f in (("into", into), ("from", out_of)):
+                key = f"{k}{'2' if pairs else ''}"
+                out[f"{key}_us"] = 1e6 * time_graph(graph_calls(f, 2 * n))
+                out[f"{key}_TBps"] = 4 * B * C * L / (out[f"{key}_us"] * 1e-6) / 1e12  # 2 bytes read + 2 written
     return out
 
 
@@ -515,10 +518,12 @@ def main(argv: list[str] | None = None) -> None:
                              f"{r['torch_us'] / r['residual_us']:.1f}x"),
         CodecTable("Codec phase layout (float16 [streams, channels, 8 frames x samples per frame] into / out of a "
                    "dilation-9 conv's phases, channels last, with Snake: kernels vs torch's Snake + a transpose)",
-                   "| streams | channels x length | into us | TB/s | out of us | TB/s | torch us |", (16, 64),
+                   "| streams | channels x length | into us | TB/s | out of us | TB/s | pairs: into us | TB/s | "
+                   "out of us | TB/s | torch us |", (16, 64),
                    CODEC_SNAKES[1:], bench_phases,
                    lambda r: f"{r['into_us']:.1f} | {r['into_TBps']:.2f} | {r['from_us']:.1f} | "
-                             f"{r['from_TBps']:.2f} | {r['torch_us']:.1f}"),
+                             f"{r['from_TBps']:.2f} | {r['into2_us']:.1f} | {r['into2_TBps']:.2f} | "
+                             f"{r['from2_us']:.1f} | {r['from2_TBps']:.2f} | {r['torch_us']:.1f}"),
     ]
     for t in codec_tables:
         rows += ["", f"## {t.title}", "", t.header, "|" + "---|" * (t.header.count(" | ") + 1)]

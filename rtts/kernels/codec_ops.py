@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from rtts import env
 from rtts.kernels import _jit, reference
 from rtts.kernels.common import check, i32, use_cuda
 
@@ -17,7 +18,8 @@ _TYPES = {torch.float32: "float", torch.bfloat16: "bf16_t", torch.float16: "f16_
 SNAKE_DTYPES = frozenset(_TYPES)  # what the codec kernels take (other dtypes: the caller's torch expression)
 # every instance of a file's templates, compiled together (one module per file)
 _SNAKE_INSTANCES = (*(f"snake<{t}, {v}>" for t in _TYPES.values() for v in (4, 1)),
-                    *(f"snake_{way}_phases<{t}>" for t in _TYPES.values() for way in ("to", "from")))
+                    *(f"snake_{way}_phases<{t}, {v}>" for t in _TYPES.values() for way in ("to", "from")
+                      for v in (2, 1)))
 _RESIDUAL_INSTANCES = tuple(f"bias_residual<{t}, {v}>" for t in _TYPES.values() for v in (4, 1))
 
 
@@ -123,8 +125,16 @@ def _phase_view(phases: torch.Tensor, B: int, d: int) -> torch.Tensor:
 _TILE, _ROWS = 32, 8  # cuda/snake.cu TILE, ROWS
 
 
-def _tiles(L: int, C: int, B: int) -> tuple[tuple[int, int, int], tuple[int, int]]:
-    return (-(-L // _TILE), -(-C // _TILE), B), (_TILE, _ROWS)
+def _tiles(L: int, C: int, B: int, v: int) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    return (-(-L // (_TILE * v)), -(-C // (_TILE * v)), B), (_TILE, _ROWS)
+
+
+def _pairs(C: int, *sizes: int, tensors: tuple[torch.Tensor, ...]) -> int:
+    """The phase kernels' elements per access: 2 where the switch is on and C, every size (lengths, row strides) and
+    every pointer allow a vector that never straddles a row; else 1."""
+    ok = (env.kernel_switches().codec_tile_pairs and C % 2 == 0 and all(n % 2 == 0 for n in sizes)
+          and all(t.data_ptr() % (2 * t.element_size()) == 0 for t in tensors))
+    return 2 if ok else 1
 
 
 def snake_into_phases(x: torch.Tensor, alpha: torch.Tensor, bias: torch.Tensor | None, phases: torch.Tensor,
@@ -154,8 +164,9 @@ def snake_into_phases(x: torch.Tensor, alpha: torch.Tensor, bias: torch.Tensor |
     assert rows is not None
     if L == 0 or C == 0:
         return
-    fn = _jit.function("snake.cu", f"snake_to_phases<{_TYPES[x.dtype]}>", _SNAKE_INSTANCES)
-    _jit.launch(fn, *_tiles(L, C, B),
+    vec = _pairs(C, L, rows, tensors=(x, phases))
+    fn = _jit.function("snake.cu", f"snake_to_phases<{_TYPES[x.dtype]}, {vec}>", _SNAKE_INSTANCES)
+    _jit.launch(fn, *_tiles(L, C, B, vec),
                 (x.data_ptr(), a32.data_ptr(), _ptr(b32), phases.data_ptr(), i32(C), i32(L), rows, i32(d), i32(J),
                  i32(start)))
 
@@ -180,8 +191,9 @@ def snake_from_phases(phases: torch.Tensor, alpha: torch.Tensor, bias: torch.Ten
     y = torch.empty(batch, C, length, dtype=phases.dtype, device=phases.device)
     if y.numel() == 0:
         return y
-    fn = _jit.function("snake.cu", f"snake_from_phases<{_TYPES[phases.dtype]}>", _SNAKE_INSTANCES)
-    _jit.launch(fn, *_tiles(length, C, batch),
+    vec = _pairs(C, length, tensors=(phases, y))
+    fn = _jit.function("snake.cu", f"snake_from_phases<{_TYPES[phases.dtype]}, {vec}>", _SNAKE_INSTANCES)
+    _jit.launch(fn, *_tiles(length, C, batch, vec),
                 (phases.data_ptr(), a32.data_ptr(), _ptr(b32), y.data_ptr(), i32(C), i32(length), i32(d), i32(J)))
     return y
 
