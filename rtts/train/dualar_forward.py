@@ -28,6 +28,9 @@ def rope(positions: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Ten
     return cos[None, :, None], sin[None, :, None]
 
 
+SHORT = 16  # sequences up to this long attend by explicit products (the fast transformer's: one per codebook)
+
+
 def attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, guided: int
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """x [B, S, dim] -> (out [B, S, dim], causal attention probabilities of the first `guided` heads [B, g, S, S])."""
@@ -41,7 +44,12 @@ def attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     v = v.transpose(1, 2)
     k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)  # query head h reads kv h // g
     scale = 1.0 / math.sqrt(D)
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    if S <= SHORT:  # the fast transformer's codebook sequences: flash kernels spend a CTA on each (row, head)
+        causal = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
+        scores = ((q @ k.transpose(-1, -2)) * scale).masked_fill(~causal, float("-inf"))
+        out = torch.softmax(scores, dim=-1).to(v.dtype) @ v
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     probs = None
     if guided:
         scores = (q[:, :guided].float() @ k[:, :guided].float().transpose(-1, -2)) * scale
