@@ -41,13 +41,15 @@ class Variant:
     phases: bool = True  # dilated convs as undilated convs over their phases (RTTS_CODEC_POLYPHASE)
     fused: bool = True  # residual units' conv biases added by the Snake / residual kernels (RTTS_CODEC_FUSED)
     channels_last: bool = False  # residual units' k7 convs channels last over phases (RTTS_CODEC_CHANNELS_LAST; served)
+    tile_pairs: bool = False  # the phase kernels two elements per access (RTTS_CODEC_TILE_PAIRS)
 
     def apply(self) -> None:
         torch.backends.cudnn.allow_tf32 = self.conv_tf32
         torch.backends.cuda.matmul.allow_tf32 = self.matmul_tf32
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
         env.change_kernel_switches(reference_kernels=not self.snake_kernel, codec_polyphase=self.phases,
-                                   codec_fused=self.fused, codec_channels_last=self.channels_last)
+                                   codec_fused=self.fused, codec_channels_last=self.channels_last,
+                                   codec_tile_pairs=self.tile_pairs)
 
 
 # (Measured once and left out since: torch's Snake, TF32 matmuls, cudnn.benchmark; bench/results/codec/.)
@@ -61,9 +63,10 @@ VARIANTS = {
     "fp16, biases in the kernels": Variant(dtype=torch.float16, phases=False),
     "fp16, both": Variant(dtype=torch.float16),
     "fp16 (served: both + channels-last phases in place)": Variant(dtype=torch.float16, channels_last=True),
+    "fp16, served + phase kernels by pairs": Variant(dtype=torch.float16, channels_last=True, tile_pairs=True),
 }
 SERVED = "fp16 (served: both + channels-last phases in place)"
-PROFILED = ("fp16, both", SERVED)
+PROFILED = (SERVED, "fp16, served + phase kernels by pairs")
 
 
 def random_codes(codec: Codec, b: int, t: int, seed: int) -> torch.Tensor:
