@@ -29,7 +29,7 @@ wait_healthy() {  # PORT SECONDS: until the server on PORT answers /v1/health
 }
 for step in "$@"; do
   case $step in
-    tests) timeout 420 python3 -m pytest -q -m gpu tests/test_kernels.py tests/test_layer_kernels.py tests/test_dequant.py tests/test_gpu.py tests/test_quant.py tests/test_codec_ops.py tests/test_demo_voice_fp8.py \
+    tests) timeout 420 python3 -m pytest -q -m gpu tests/test_kernels.py tests/test_attention_kernels.py tests/test_gemm_plan.py tests/test_layer_kernels.py tests/test_dequant.py tests/test_gpu.py tests/test_quant.py tests/test_codec_ops.py tests/test_demo_voice_fp8.py \
              -p no:cacheprovider --tb=short 2>&1 | tee "$OUT/tests.log" | grep -v "driver.pyx\|Exception ignored\|NoneType" \
              | tail -25 ;;  # the whole log stays under OUT: a device call returns only its output's tail
     tm) timeout 150 python3 -m pytest -q -m gpu tests/test_kernels.py -k "token_major or pdl_chain or rounds_like" \

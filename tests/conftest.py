@@ -1,6 +1,6 @@
 """Shared test fixtures: the golden reference outputs (vendored in tests/golden, plus the files derived from them at
-test time), the GPU marker's deselection, and the live server the server tests share (test_ws_*.py, test_http_tts.py,
-test_references.py, test_model_api.py, test_sdk.py, ...)."""
+test time), the GPU marker's deselection, the kernel switches the kernel tests change, and the live server the server
+tests share (test_ws_*.py, test_http_tts.py, test_references.py, test_model_api.py, test_sdk.py, ...)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import os
 import shutil
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,8 @@ import pytest
 import soundfile as sf
 import torch
 from safetensors.torch import load_file, save_file
+
+from rtts import env
 
 if TYPE_CHECKING:  # the web stack is imported only when a server test runs
     from liveserver import LiveServer
@@ -189,3 +191,14 @@ def metric(srv: LiveServer, name: str) -> float:
 
     text = httpx.get(srv.http + "/metrics").text
     return float(next(line for line in text.splitlines() if line.startswith(name + " ")).split()[-1])
+
+
+# ------------------------------------------------------------------------------------------- the kernel switches
+
+
+@pytest.fixture
+def switches() -> Iterator[Callable[..., object]]:
+    """switches(name=value, ...) changes kernel switches (env.KernelSwitches fields) for the rest of the test."""
+    saved = env.kernel_switches()
+    yield env.change_kernel_switches
+    env.set_kernel_switches(saved)
