@@ -55,6 +55,15 @@ __global__ void __launch_bounds__(256) snake(const T* __restrict__ x, const floa
 // fraction of the memory bandwidth). Block (TILE, ROWS); grid (ceil(L / (TILE * V)), ceil(C / (TILE * V)), B).
 constexpr int TILE = 32, ROWS = 8;
 
+// Where tile index i (a position or a channel) is stored for V = 2: even i in the first half, odd i in the second.
+// A warp's accesses step by 2 in i; with both indices permuted they land on 32 distinct banks in both passes (the
+// row pitch TILE * V + 1 is 1 mod 32). For V = 1 the identity.
+template <int V>
+__device__ __forceinline__ int slot(int i) {
+    if constexpr (V == 2) return (i & 1) * TILE + (i >> 1);
+    return i;
+}
+
 // y (phase layout [B * d, J, C]) at positions y0 .. y0 + L - 1 <- snake(x + bias), x [B, C, L] with rows x_row apart;
 // other positions keep what they hold.
 template <typename T, int V>
@@ -72,7 +81,8 @@ __global__ void __launch_bounds__(TILE * ROWS) snake_to_phases(const T* __restri
             float v[V];
             load_vec<V>(x + (b * C + c) * x_row + t, v);
 #pragma unroll
-            for (int j = 0; j < V; ++j) tile[k][threadIdx.x * V + j] = snake_of(v[j], alpha, bias, c);
+            for (int j = 0; j < V; ++j)
+                tile[slot<V>(k)][slot<V>(threadIdx.x * V + j)] = snake_of(v[j], alpha, bias, c);
         }
     }
     __syncthreads();
@@ -83,7 +93,7 @@ __global__ void __launch_bounds__(TILE * ROWS) snake_to_phases(const T* __restri
             const unsigned q = (unsigned)(y0 + t);
             float v[V];
 #pragma unroll
-            for (int j = 0; j < V; ++j) v[j] = tile[threadIdx.x * V + j][k];
+            for (int j = 0; j < V; ++j) v[j] = tile[slot<V>(threadIdx.x * V + j)][slot<V>(k)];
             store_vec<V>(y + ((b * d + q % (unsigned)d) * J + q / (unsigned)d) * C + c, v);
         }
     }
@@ -106,7 +116,7 @@ __global__ void __launch_bounds__(TILE * ROWS) snake_from_phases(const T* __rest
             float v[V];
             load_vec<V>(x + ((b * d + (unsigned)t % (unsigned)d) * J + (unsigned)t / (unsigned)d) * C + c, v);
 #pragma unroll
-            for (int j = 0; j < V; ++j) tile[k][threadIdx.x * V + j] = v[j];
+            for (int j = 0; j < V; ++j) tile[slot<V>(k)][slot<V>(threadIdx.x * V + j)] = v[j];
         }
     }
     __syncthreads();
@@ -116,7 +126,8 @@ __global__ void __launch_bounds__(TILE * ROWS) snake_from_phases(const T* __rest
         if (c < C && t < L) {  // t + V <= L: V divides L and t
             float v[V];
 #pragma unroll
-            for (int j = 0; j < V; ++j) v[j] = snake_of(tile[threadIdx.x * V + j][k], alpha, bias, c);
+            for (int j = 0; j < V; ++j)
+                v[j] = snake_of(tile[slot<V>(threadIdx.x * V + j)][slot<V>(k)], alpha, bias, c);
             store_vec<V>(y + (b * C + c) * (i64)L + t, v);
         }
     }

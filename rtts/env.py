@@ -64,9 +64,9 @@ class KernelSwitches:
     # RTTS_CODEC_FUSED=0: the codec's residual units on a GPU add their convs' biases as torch does, in passes of
     # their own, instead of in the Snake and residual kernels.
     codec_fused: bool = True
-    # RTTS_CODEC_CHANNELS_LAST=0: with both of the above, a residual unit's k7 conv runs channels last over its
-    # phases, written and read in place by the tiled Snake kernels (ResidualUnit._through_phases); 0 turns that off
-    # (the phases are then permuted and padded by torch around cuDNN's NCHW conv).
+    # On unless RTTS_CODEC_CHANNELS_LAST=0: with both of the above, a residual unit's k7 conv runs channels last over
+    # its phases, written and read in place by the tiled Snake kernels (ResidualUnit._through_phases); 0 turns that
+    # off (the phases are then permuted and padded by torch around cuDNN's NCHW conv).
     codec_channels_last: bool = True
     # RTTS_CODEC_TILE_PAIRS=1: the phase-layout Snake kernels move two elements per thread and access (64 x 64
     # tiles) where shapes and pointers allow, instead of one 2-byte access (32 x 32 tiles). Off until its GPU tests

@@ -40,7 +40,7 @@ class Variant:
     cudnn_benchmark: bool = False
     phases: bool = True  # dilated convs as undilated convs over their phases (RTTS_CODEC_POLYPHASE)
     fused: bool = True  # residual units' conv biases added by the Snake / residual kernels (RTTS_CODEC_FUSED)
-    channels_last: bool = False  # residual units' k7 convs channels last over phases (RTTS_CODEC_CHANNELS_LAST; served)
+    channels_last: bool = True  # residual units' k7 convs channels last over phases (RTTS_CODEC_CHANNELS_LAST; served)
     tile_pairs: bool = False  # the phase kernels two elements per access (RTTS_CODEC_TILE_PAIRS)
 
     def apply(self) -> None:
@@ -61,9 +61,9 @@ VARIANTS = {
                                                                              fused=False),
     "fp16, dilated convs by phases": Variant(dtype=torch.float16, fused=False),
     "fp16, biases in the kernels": Variant(dtype=torch.float16, phases=False),
-    "fp16, both": Variant(dtype=torch.float16),
-    "fp16 (served: both + channels-last phases in place)": Variant(dtype=torch.float16, channels_last=True),
-    "fp16, served + phase kernels by pairs": Variant(dtype=torch.float16, channels_last=True, tile_pairs=True),
+    "fp16, both": Variant(dtype=torch.float16, channels_last=False),
+    "fp16 (served: both + channels-last phases in place)": Variant(dtype=torch.float16),
+    "fp16, served + phase kernels by pairs": Variant(dtype=torch.float16, tile_pairs=True),
 }
 SERVED = "fp16 (served: both + channels-last phases in place)"
 PROFILED = (SERVED, "fp16, served + phase kernels by pairs")

@@ -31,6 +31,16 @@ def rope(positions: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Ten
 SHORT = 16  # sequences up to this long attend by explicit products (the fast transformer's: one per codebook)
 
 
+def causal_probs(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale) over causal positions, [..., S, S], in float32 with autocast off (under bf16 autocast
+    the product would come back in bf16 and the scaling round it again; flash keeps its scores in float32)."""
+    S = q.shape[-2]
+    causal = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
+    with torch.autocast(q.device.type, enabled=False):
+        scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+        return torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+
+
 def attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, guided: int
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """x [B, S, dim] -> (out [B, S, dim], causal attention probabilities of the first `guided` heads [B, g, S, S])."""
@@ -45,16 +55,10 @@ def attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)  # query head h reads kv h // g
     scale = 1.0 / math.sqrt(D)
     if S <= SHORT:  # the fast transformer's codebook sequences: flash kernels spend a CTA on each (row, head)
-        causal = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
-        scores = ((q @ k.transpose(-1, -2)) * scale).masked_fill(~causal, float("-inf"))
-        out = torch.softmax(scores, dim=-1).to(v.dtype) @ v
+        out = causal_probs(q, k, scale).to(v.dtype) @ v
     else:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    probs = None
-    if guided:
-        scores = (q[:, :guided].float() @ k[:, :guided].float().transpose(-1, -2)) * scale
-        causal = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
-        probs = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+    probs = causal_probs(q[:, :guided], k[:, :guided], scale) if guided else None
     return attn.wo(out.transpose(1, 2).reshape(B, S, H * D)), probs
 
 
