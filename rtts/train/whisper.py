@@ -4,8 +4,8 @@
 Front end (Whisper's): 16 kHz mono padded or cut to 30 s; STFT with a periodic Hann window of 400 samples, hop 160,
 centred with reflect padding; power spectrum without its last frame (3000 frames); 80 Slaney-scale mel filters with
 Slaney area normalization; log10 clamped at 1e-10, floored at (max - 8), then (x + 4) / 4. Decoding is greedy from
-`<|startoftranscript|><|notimestamps|>` (the English-only model takes no language token); the text comes from the
-model's own byte-level BPE tokenizer.json.
+`<|startoftranscript|><|notimestamps|>` (the English-only model takes no language token), at most 12 tokens per second
+of audio (+8: greedy Whisper can loop on a sound); the text comes from the model's own byte-level BPE tokenizer.json.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 
 SAMPLE_RATE = 16000
 N_FFT, HOP, N_MELS, CHUNK = 400, 160, 80, 30 * SAMPLE_RATE
+TOKENS_PER_SECOND, MIN_TOKENS = 12, 8  # the transcript's length bound (English speech: ~3 words, ~4 tokens a second)
 
 
 def model_dir() -> Path:
@@ -102,7 +103,10 @@ class Whisper:
 
             audio = soxr.resample(np.asarray(audio, np.float32), sample_rate, SAMPLE_RATE)
         features = ctranslate2.StorageView.from_array(log_mel(audio)[None])
-        result = self.model.generate(features, [self.prompt], beam_size=1, max_length=224,
+        # Greedy Whisper can loop on a sound ("no-o-o-o-..." for 2 s of audio), and one loop's inserted words swamp a
+        # corpus WER: the transcript may hold at most TOKENS_PER_SECOND tokens per second of audio (~4x speech).
+        limit = min(224, len(self.prompt) + MIN_TOKENS + int(np.ceil(audio.size / SAMPLE_RATE * TOKENS_PER_SECOND)))
+        result = self.model.generate(features, [self.prompt], beam_size=1, max_length=limit,
                                      suppress_blank=True, return_scores=False)
         ids = [i for i in result[0].sequences_ids[0] if i < self.eot]
         return str(self.tokenizer.decode(ids)).strip()
