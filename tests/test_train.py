@@ -320,6 +320,26 @@ def test_whisper_front_end_transcribes_flite() -> None:
     assert wer.score(spoken.text, text).wer <= 0.2, text
 
 
+def test_whisper_transcript_is_bounded_by_the_audio_length() -> None:
+    """A greedy loop cannot outgrow the audio: the decode may emit at most 12 tokens per second of it (+8), never more
+    than Whisper's 224."""
+    from types import SimpleNamespace
+
+    from rtts.train.whisper import MIN_TOKENS, SAMPLE_RATE, TOKENS_PER_SECOND, Whisper
+
+    pytest.importorskip("ctranslate2")
+    asked: list[int] = []
+
+    def generate(features: object, prompts: list[list[int]], **kw: int) -> list[SimpleNamespace]:
+        asked.append(kw["max_length"])
+        return [SimpleNamespace(sequences_ids=[[5, 6, 99]])]
+
+    asr = Whisper(SimpleNamespace(generate=generate), SimpleNamespace(decode=lambda ids: " ab "), [1, 2], 99)
+    for seconds in (0.5, 2.0, 30.0):
+        assert asr.transcribe(np.zeros(int(seconds * SAMPLE_RATE), np.float32)) == "ab"
+    assert asked == [2 + MIN_TOKENS + 6, 2 + MIN_TOKENS + 2 * TOKENS_PER_SECOND, 224]
+
+
 def test_step_budget_times_steps_after_the_warm_up() -> None:
     from rtts.train.loop import Deadline, StepBudget
 
