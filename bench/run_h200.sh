@@ -13,7 +13,7 @@
 # it runs longer than one device call may (10 min): start it detached,
 #   nohup bench/run_h200.sh /tmp/soak soak > /tmp/soak.log 2>&1 &
 # and copy /tmp/soak into the call's $OUT about 14 minutes later; its report goes to bench/results/soak/)
-# Python packages the image lacks travel as wheels in .whl/ (see the device tool's README).
+# Python packages the image lacks travel as wheels in .whl/ (bench/fetch_wheels.sh fetches them, here).
 # Pass RTTS_COMMIT=<sha> from the machine that sent the tree: the copy on the GPU machine may carry a stale .git.
 set -u
 OUT=${1:?output dir}; shift
