@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
 import time
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,11 @@ import torch
 from rtts.bench.common import environment, write_results
 from rtts.model.prompt import PromptBuilder
 from rtts.model.tokenizer import load_tokenizer
+from rtts.train.__main__ import TRAIN_DIR
 from rtts.train.dualar_train import build, main_token_ids, optimize, optimizer
 from rtts.train.loop import pick_device
 from rtts.train.presets import FRAME_LENGTH, PRESETS, SAMPLE_RATE, Preset
+from rtts.train.sentences import read_lines
 from rtts.train.sequences import SequenceMaker, batches, prefetched
 from rtts.train.tokens import Tokens
 
@@ -39,8 +40,7 @@ CHARS_PER_SECOND = 15.0  # flite's cmu_us_rms on the training sentences, roughly
 
 def synthetic_tokens(preset: Preset, count: int, seed: int = 0) -> Tokens:
     """Real sentences with random codes of a plausible length for each (the step's cost depends only on shapes)."""
-    with gzip.open("train/sentences.txt.gz", "rt") as f:
-        texts = [line.strip() for _, line in zip(range(count), f)]
+    texts = read_lines(TRAIN_DIR / "sentences.txt.gz")[:count]
     rng = np.random.default_rng(seed)
     rate = SAMPLE_RATE / FRAME_LENGTH
     utts = [rng.integers(0, preset.codebook_size, (preset.num_codebooks, max(4, round(len(t) / CHARS_PER_SECOND
